@@ -1,0 +1,51 @@
+# The course's set-up in two commands: `make lab` runs the course, `make test` passes the tests.
+#
+# Variables (override on the command line, e.g. `make lab HOST=0.0.0.0 PORT=9000 BROWSER=0`):
+#   COURSE_SIZE  ci | workshop (default: workshop when a GPU is visible, else ci)
+#   HOST, PORT   where JupyterLab listens (default 127.0.0.1:8888, localhost only, with a token)
+#   BROWSER      1 opens a browser tab, 0 does not (clusters, SSH tunnels, LUMI)
+#   PYTHON       the interpreter that creates .venv (default python3)
+#   PIP_ARGS     extra pip arguments, e.g. an index URL for a ROCm build of PyTorch on LUMI
+
+PYTHON ?= python3
+VENV ?= .venv
+HOST ?= 127.0.0.1
+PORT ?= 8888
+BROWSER ?= 1
+PIP_ARGS ?=
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: help setup data lab test tensorboard clean
+
+help:
+	@echo "make lab          set up .venv, prepare the data for the active size, start JupyterLab"
+	@echo "make test         set up .venv, prepare the ci data, run unit tests and every notebook"
+	@echo "make setup        only create .venv and install the pinned packages and course_utils"
+	@echo "make data         only prepare the data for the active size (COURSE_SIZE=ci|workshop)"
+	@echo "make tensorboard  serve the runs' TensorBoard logs on 127.0.0.1:6006"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install $(PIP_ARGS) -e '.[test]'
+	touch $@
+
+setup: $(STAMP)
+
+data: setup
+	$(BIN)/python -m data_prep
+
+lab: data
+	$(BIN)/jupyter lab --ip=$(HOST) --port=$(PORT) $(if $(filter 0,$(BROWSER)),--no-browser,)
+
+test: setup
+	COURSE_SIZE=ci $(BIN)/python -m data_prep --size ci
+	COURSE_SIZE=ci $(BIN)/python -m pytest
+
+tensorboard: setup
+	$(BIN)/tensorboard --logdir $${COURSE_RUNS_DIR:-runs} --host 127.0.0.1 --port 6006
+
+clean:
+	rm -rf runs .pytest_cache

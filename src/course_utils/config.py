@@ -1,0 +1,131 @@
+"""The course size (`ci` or `workshop`) and every number that depends on it.
+
+One switch, the environment variable ``COURSE_SIZE``, decides whether a notebook trains a small
+CNN for a few seconds on tiny generated data (``ci``: CI, laptops) or a ResNet on the real
+CIFAR-100 (``workshop``: GPUs). Notebooks never hard-code these numbers; they ask this module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SIZE_VARIABLE = "COURSE_SIZE"
+DATA_VARIABLE = "COURSE_DATA_DIR"
+RUNS_VARIABLE = "COURSE_RUNS_DIR"
+
+
+class UnknownSizeError(ValueError):
+    """Raised when ``COURSE_SIZE`` (or a ``size`` argument) names no known size."""
+
+
+@dataclass(frozen=True)
+class Size:
+    """Every size-dependent default of the course, in one immutable object."""
+
+    name: str
+    model: str
+    epochs: int
+    batch_size: int
+    lr: float
+    workers: int
+    train_samples: int | None  # None: the whole training set
+    test_samples: int | None
+    log_every: int
+    image_size: int
+    generated_data: bool  # True: tiny data made by data_prep, False: the official archive
+    minutes_per_notebook: int  # what the README's time column promises
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _workshop_workers() -> int:
+    # LUMI gives 7 CPU cores to each GCD; elsewhere leave one core to the training process.
+    return max(1, min(7, (os.cpu_count() or 2) - 1))
+
+
+SIZES: dict[str, Size] = {
+    "ci": Size(
+        name="ci",
+        model="small_cnn",
+        epochs=3,
+        batch_size=64,
+        lr=0.05,
+        workers=1,
+        train_samples=2560,
+        test_samples=512,
+        log_every=5,
+        image_size=32,
+        generated_data=True,
+        minutes_per_notebook=1,
+    ),
+    "workshop": Size(
+        name="workshop",
+        model="resnet18",
+        epochs=5,
+        batch_size=128,
+        lr=0.1,
+        workers=_workshop_workers(),
+        train_samples=None,
+        test_samples=None,
+        log_every=20,
+        image_size=32,
+        generated_data=False,
+        minutes_per_notebook=15,
+    ),
+}
+
+
+def _gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def active_size_name() -> str:
+    """The size named by ``COURSE_SIZE``; without it ``workshop`` on a GPU machine, else ``ci``."""
+    name = os.environ.get(SIZE_VARIABLE, "").strip()
+    if not name:
+        return "workshop" if _gpu_visible() else "ci"
+    if name not in SIZES:
+        raise UnknownSizeError(
+            f"{SIZE_VARIABLE}={name!r} is not a course size; valid values: {', '.join(SIZES)}"
+        )
+    return name
+
+
+def get_size(name: str | None = None) -> Size:
+    """The :class:`Size` called ``name``, or the active one when ``name`` is None."""
+    name = name or active_size_name()
+    if name not in SIZES:
+        raise UnknownSizeError(f"unknown size {name!r}; valid values: {', '.join(SIZES)}")
+    return SIZES[name]
+
+
+def checkout_root() -> Path:
+    """The course checkout this package lives in (the package is installed editable)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def data_dir(size: Size | None = None) -> Path:
+    """Where the data for ``size`` lives: ``$COURSE_DATA_DIR`` (on LUMI: project scratch) or ``data/``.
+
+    The two sizes keep separate trees, so tiny generated data never shadows the real archive.
+    """
+    size = size or get_size()
+    base = Path(os.environ.get(DATA_VARIABLE) or checkout_root() / "data")
+    return base / ("tiny" if size.generated_data else "cifar100")
+
+
+def runs_dir() -> Path:
+    """Where training runs write metrics, TensorBoard events and checkpoints."""
+    return Path(os.environ.get(RUNS_VARIABLE) or checkout_root() / "runs")
+
+
+def prepare_command(size: Size | None = None, root: str | Path | None = None) -> str:
+    """The exact shell command that prepares the data for ``size`` (in ``root`` if given)."""
+    size = size or get_size()
+    module = "data_prep.tiny_cifar100" if size.generated_data else "data_prep.cifar100"
+    return f"python -m {module} --root {root or data_dir(size)}"

@@ -1,0 +1,133 @@
+"""Datasets, transforms and DataLoaders: CIFAR-100, an ImageFolder, or synthetic images.
+
+Every source yields ``(image, label)`` with images as normalised float tensors of shape
+``3 x image_size x image_size``, so the training loop never knows where its data came from.
+The loader factory exposes the knobs the data-loading lesson turns: workers, pinned memory,
+persistent workers and prefetch depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchvision import datasets
+from torchvision.transforms import v2
+
+from course_utils.cifar import VerifiedCIFAR100
+
+CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+NUM_CLASSES = 100
+DATA_SOURCES = ("cifar100", "synthetic", "imagefolder")
+
+
+def train_transform(image_size: int = 32, augment: bool = True) -> v2.Compose:
+    """Random crop with padding and horizontal flip (the standard CIFAR recipe), then normalise."""
+    steps: list = [v2.ToImage()]
+    if image_size != 32:
+        steps.append(v2.Resize(image_size, antialias=True))
+    if augment:
+        steps += [v2.RandomCrop(image_size, padding=image_size // 8), v2.RandomHorizontalFlip()]
+    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR100_MEAN, CIFAR100_STD)]
+    return v2.Compose(steps)
+
+
+def test_transform(image_size: int = 32) -> v2.Compose:
+    return train_transform(image_size, augment=False)
+
+
+class SyntheticImages(Dataset):
+    """Random images and labels of CIFAR-100's shapes, the same for the same index and seed.
+
+    Used to measure compute alone: no file is read and no image decoded.
+    """
+
+    def __init__(self, length: int, image_size: int = 32, num_classes: int = NUM_CLASSES, seed: int = 0):
+        self.length, self.image_size, self.num_classes, self.seed = length, image_size, num_classes, seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        image = torch.randn(3, self.image_size, self.image_size, generator=generator)
+        return image, int(torch.randint(self.num_classes, (1,), generator=generator))
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Which data to load and how much of it."""
+
+    source: str = "cifar100"
+    root: Path | None = None
+    image_size: int = 32
+    augment: bool = True
+    train_samples: int | None = None
+    test_samples: int | None = None
+    seed: int = 0
+    prepare_hint: str = "python -m data_prep.cifar100 --root DIR"
+
+
+def _first(dataset: Dataset, count: int | None) -> Dataset:
+    """The first ``count`` samples; data_prep shuffles labels, so a prefix keeps every class."""
+    if count is None or count >= len(dataset):
+        return dataset
+    return Subset(dataset, range(count))
+
+
+def _imagefolder(root: Path, split: str, transform: v2.Compose) -> Dataset:
+    folder = Path(root) / split
+    if not folder.is_dir():
+        raise FileNotFoundError(f"ImageFolder data needs {folder}/<class>/<image> files; {folder} does not exist")
+    return datasets.ImageFolder(str(folder), transform=v2.Compose([v2.RGB(), transform]))
+
+
+def build_datasets(spec: DataSpec) -> tuple[Dataset, Dataset]:
+    """The training and test sets described by ``spec``."""
+    train_tf, test_tf = train_transform(spec.image_size, spec.augment), test_transform(spec.image_size)
+    if spec.source == "cifar100":
+        train = VerifiedCIFAR100(spec.root, train=True, transform=train_tf, prepare_hint=spec.prepare_hint)
+        test = VerifiedCIFAR100(spec.root, train=False, transform=test_tf, prepare_hint=spec.prepare_hint)
+    elif spec.source == "synthetic":
+        train = SyntheticImages(spec.train_samples or 50_000, spec.image_size, seed=spec.seed)
+        test = SyntheticImages(spec.test_samples or 10_000, spec.image_size, seed=spec.seed + 1)
+    elif spec.source == "imagefolder":
+        if spec.root is None:
+            raise ValueError("--data imagefolder needs --data-dir pointing at a folder with train/ and val/")
+        train = _imagefolder(spec.root, "train", train_tf)
+        test = _imagefolder(spec.root, "val", test_tf)
+    else:
+        raise ValueError(f"unknown data source {spec.source!r}; choose one of: {', '.join(DATA_SOURCES)}")
+    return _first(train, spec.train_samples), _first(test, spec.test_samples)
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: int = 0,
+                 pin_memory: bool = False, persistent_workers: bool = False,
+                 prefetch_factor: int | None = None, drop_last: bool = False, seed: int = 0,
+                 sampler: torch.utils.data.Sampler | None = None) -> DataLoader:
+    """A DataLoader with the knobs the course measures; shuffling is seeded, so runs repeat."""
+    if batch_size > len(dataset):
+        raise ValueError(
+            f"batch size {batch_size} is larger than the data set ({len(dataset)} samples); "
+            f"lower --batch-size or use more samples")
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle if sampler is None else False,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        persistent_workers=persistent_workers and workers > 0,
+        prefetch_factor=prefetch_factor if workers > 0 else None,
+        drop_last=drop_last,
+        generator=seeded_generator(seed),
+    )

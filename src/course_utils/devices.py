@@ -1,0 +1,130 @@
+"""What accelerator is here (CUDA, ROCm/HIP or CPU) and what follows from it.
+
+PyTorch's ROCm build answers to the ``torch.cuda`` API, so "CUDA available" is also true on an
+AMD MI250X; ``torch.version.hip`` is what tells the two apart. Notebooks, the training loop and
+the distributed set-up ask this module instead of repeating those checks.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    name: str
+    memory_gib: float
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A snapshot of the accelerator stack this process sees."""
+
+    kind: str  # "cuda", "rocm" or "cpu"
+    gpus: tuple[GPU, ...] = field(default_factory=tuple)
+    runtime: str = ""  # "CUDA 12.8" or "HIP 6.4..." ; empty on CPU
+    dnn_library: str = ""  # "cuDNN 9.10.2" or "MIOpen 3.4.0"
+    collective_library: str = ""  # "NCCL 2.27.3" or "RCCL 2.22.3"
+    backend: str = "gloo"  # torch.distributed backend that fits: nccl (also RCCL) or gloo
+    torch_version: str = torch.__version__
+    cpu_count: int = 1
+
+    @property
+    def device_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpus)
+
+
+def decode_dnn_version(version: int, is_rocm: bool) -> str:
+    """``torch.backends.cudnn.version()`` as text: on ROCm it is MIOpen's version number."""
+    if is_rocm:  # MIOpen encodes MAJOR*1000000 + MINOR*1000 + PATCH
+        return f"MIOpen {version // 1_000_000}.{version // 1000 % 1000}.{version % 1000}"
+    if version >= 10_000:  # cuDNN 9 and later: MAJOR*10000 + MINOR*100 + PATCH
+        return f"cuDNN {version // 10_000}.{version // 100 % 100}.{version % 100}"
+    return f"cuDNN {version // 1000}.{version // 100 % 10}.{version % 100}"  # cuDNN 8: MAJOR*1000 + ...
+
+
+def _dnn_library(is_rocm: bool) -> str:
+    version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return decode_dnn_version(version, is_rocm) if version else ""
+
+
+def _collective_library(is_rocm: bool) -> str:
+    try:
+        version = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return ""
+    text = ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
+    return f"{'RCCL' if is_rocm else 'NCCL'} {text}"
+
+
+def detect() -> Accelerator:
+    """Look at the GPUs this process can see (honours CUDA/HIP/ROCR_VISIBLE_DEVICES)."""
+    cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not torch.cuda.is_available():
+        return Accelerator(kind="cpu", cpu_count=cpu_count)
+    is_rocm = torch.version.hip is not None
+    gpus = tuple(
+        GPU(index=i, name=torch.cuda.get_device_name(i),
+            memory_gib=torch.cuda.get_device_properties(i).total_memory / 2**30)
+        for i in range(torch.cuda.device_count())
+    )
+    return Accelerator(
+        kind="rocm" if is_rocm else "cuda",
+        gpus=gpus,
+        runtime=f"HIP {torch.version.hip}" if is_rocm else f"CUDA {torch.version.cuda}",
+        dnn_library=_dnn_library(is_rocm),
+        collective_library=_collective_library(is_rocm),
+        backend="nccl",
+        cpu_count=cpu_count,
+    )
+
+
+def default_device() -> torch.device:
+    """The device a single-process run trains on: the first GPU, else the CPU."""
+    return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+
+
+def distributed_backend() -> str:
+    """``nccl`` where there are GPUs (RCCL answers to that name on ROCm), ``gloo`` on CPU."""
+    return detect().backend
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a host clock measures the work and not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def report(accelerator: Accelerator | None = None) -> str:
+    """A plain-text report of the hardware and software stack, for notebook 00 and job logs."""
+    acc = accelerator or detect()
+    lines = [
+        f"python        {platform.python_version()} on {platform.machine()} ({acc.cpu_count} CPU cores usable)",
+        f"torch         {acc.torch_version}",
+    ]
+    if not acc.has_gpu:
+        lines += [
+            "accelerator   none: training runs on the CPU",
+            f"backend       {acc.backend} (torch.distributed on CPU)",
+        ]
+        return "\n".join(lines)
+    lines += [
+        f"accelerator   {'AMD ROCm' if acc.kind == 'rocm' else 'NVIDIA CUDA'}, {acc.device_count} device(s)",
+        f"runtime       {acc.runtime}",
+        f"dnn library   {acc.dnn_library or 'not found'}",
+        f"collectives   {acc.collective_library or 'not found'}",
+        f"backend       {acc.backend}",
+    ]
+    lines += [f"gpu {gpu.index:<9} {gpu.name}, {gpu.memory_gib:.1f} GiB" for gpu in acc.gpus]
+    if acc.kind == "rocm":
+        lines.append("note          each MI250X module shows up as two GCDs, i.e. two devices here")
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""What a run writes and how notebooks read it back.
+
+A run directory holds ``metrics.jsonl`` (one JSON object per logged step and per epoch, each
+with a ``kind``), ``summary.json`` and TensorBoard event files under ``tensorboard/``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or Infinity; write None instead so every reader can parse the file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+class MetricsWriter:
+    """Appends records to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
+
+    def __init__(self, out_dir: Path, enabled: bool = True) -> None:
+        self.out_dir = Path(out_dir)
+        self.enabled = enabled
+        self._stream = None
+        self._tensorboard = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            # A new run in the same folder replaces the old one, TensorBoard events included.
+            for old in (self.out_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*"):
+                old.unlink()
+            self._stream = open(self.out_dir / METRICS_FILE, "w")
+            self._tensorboard = SummaryWriter(str(self.out_dir / TENSORBOARD_DIR))
+
+    def record(self, record: dict[str, Any], scalars: dict[str, float] | None = None, step: int = 0) -> None:
+        if not self.enabled:
+            return
+        self._stream.write(json.dumps(_finite(record)) + "\n")
+        self._stream.flush()
+        for tag, value in (scalars or {}).items():
+            if value is not None and math.isfinite(value):
+                self._tensorboard.add_scalar(tag, value, step)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        if self.enabled:
+            (self.out_dir / SUMMARY_FILE).write_text(json.dumps(_finite(summary), indent=2) + "\n")
+
+    def close(self) -> None:
+        if self.enabled:
+            self._stream.close()
+            self._tensorboard.close()
+
+
+@dataclass
+class Run:
+    """A finished run read back: per-iteration, per-log-point and per-epoch tables, and the summary."""
+
+    out_dir: Path
+    iterations: pd.DataFrame  # one row per training iteration: step, epoch, seconds, data_seconds
+    steps: pd.DataFrame  # one row per log point: step, epoch, loss, lr, ...
+    epochs: pd.DataFrame  # one row per epoch
+    summary: dict[str, Any]
+
+
+def load_run(out_dir: Path) -> Run:
+    """Read ``metrics.jsonl`` and ``summary.json`` of a run directory."""
+    out_dir = Path(out_dir)
+    path = out_dir / METRICS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: is {out_dir} the --out of a finished run?")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = [r for r in records if r["kind"] == "step"]
+    iterations = [
+        {"step": r["step"] - len(r["iteration_seconds"]) + 1 + i, "epoch": r["epoch"],
+         "seconds": s, "data_seconds": d}
+        for r in steps
+        for i, (s, d) in enumerate(zip(r["iteration_seconds"], r["data_seconds"]))
+    ]
+    summary_path = out_dir / SUMMARY_FILE
+    return Run(
+        out_dir=out_dir,
+        iterations=pd.DataFrame(iterations),
+        steps=pd.DataFrame(steps).drop(columns=["iteration_seconds", "data_seconds"], errors="ignore"),
+        epochs=pd.DataFrame([r for r in records if r["kind"] == "epoch"]),
+        summary=json.loads(summary_path.read_text()) if summary_path.exists() else {},
+    )

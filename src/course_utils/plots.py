@@ -1,0 +1,69 @@
+"""The figures the notebooks share, drawn from a finished run (:class:`course_utils.metrics.Run`)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from torchvision.datasets import CIFAR100
+
+from course_utils.metrics import Run
+
+
+def iteration_times(run: Run) -> Figure:
+    """Every iteration's time, epochs shaded alternately: warm-up spikes stand out at a glance."""
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    its = run.iterations
+    ax.plot(its["step"], its["seconds"] * 1000, lw=0.8, label="iteration")
+    ax.plot(its["step"], its["data_seconds"] * 1000, lw=0.8, alpha=0.7, label="waiting for data")
+    for epoch, group in its.groupby("epoch"):
+        if epoch % 2 == 0:
+            ax.axvspan(group["step"].min() - 0.5, group["step"].max() + 0.5, color="0.92", zorder=0)
+    ax.set_yscale("log")
+    ax.set(xlabel="iteration (shaded: every other epoch)", ylabel="milliseconds (log scale)",
+           title=f"Time per iteration: {run.summary.get('config', {}).get('model', '')} on {run.summary.get('device', '')}")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def epoch_times(run: Run) -> Figure:
+    """Training time of each epoch (evaluation excluded), the first one highlighted."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    epochs = run.epochs
+    colors = ["tab:red"] + ["tab:blue"] * (len(epochs) - 1)
+    ax.bar(epochs["epoch"], epochs["seconds"], color=colors)
+    ax.set(xlabel="epoch", ylabel="seconds", title="Training time per epoch (first in red)")
+    ax.set_xticks(epochs["epoch"])
+    fig.tight_layout()
+    return fig
+
+
+def learning_curves(run: Run) -> Figure:
+    """Training loss at every log point and test accuracy after every epoch."""
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 3.5))
+    loss_ax.plot(run.steps["step"], run.steps["loss"], label="train (logged steps)")
+    loss_ax.plot(run.epochs["step"], run.epochs["test_loss"], "o-", label="test (per epoch)")
+    loss_ax.set(xlabel="iteration", ylabel="cross-entropy loss", title="Loss")
+    loss_ax.legend()
+    acc_ax.plot(run.epochs["epoch"], run.epochs["test_top1"], "o-", label="top-1")
+    acc_ax.plot(run.epochs["epoch"], run.epochs["test_top5"], "s--", label="top-5")
+    acc_ax.axhline(1.0, color="0.5", lw=0.8, ls=":", label="chance (top-1)")
+    acc_ax.set(xlabel="epoch", ylabel="test accuracy (%)", title="Accuracy", ylim=(0, 100))
+    acc_ax.set_xticks(run.epochs["epoch"])
+    acc_ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def sample_grid(dataset: CIFAR100, count: int = 16) -> Figure:
+    """The first ``count`` images of a CIFAR-100 set (no transform) with their class names."""
+    columns = 8
+    rows = -(-count // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(columns * 1.3, rows * 1.5))
+    for index, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if index < count:
+            ax.imshow(dataset.data[index])
+            ax.set_title(dataset.classes[dataset.targets[index]], fontsize=7)
+    fig.tight_layout()
+    return fig

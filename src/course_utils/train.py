@@ -1,0 +1,337 @@
+"""The one training loop of the course and its command line, ``python -m course_utils.train``.
+
+Notebooks call :func:`train` with the same arguments as the flags (``--batch-size`` becomes
+``batch_size=``), job scripts and benchmarks call the command; both end in :func:`run`. A run
+writes ``metrics.jsonl``, ``summary.json``, TensorBoard events and ``checkpoints/last.pt`` under
+its ``--out`` folder. Flags left unset take their value from the course size (``--size`` or
+``COURSE_SIZE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from course_utils import config, devices, models
+from course_utils.checkpoint import save_atomic
+from course_utils.data import DATA_SOURCES, DataSpec, build_datasets, build_loader
+from course_utils.metrics import MetricsWriter
+from course_utils.timing import StepClock, images_per_second, warmup_steps
+
+CHECKPOINT_PATH = Path("checkpoints") / "last.pt"
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the message names the step."""
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run. ``None`` means: take it from the course size."""
+
+    size: str | None = None
+    model: str | None = None
+    epochs: int | None = None
+    max_steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    seed: int = 0
+    data: str = "cifar100"
+    data_dir: str | None = None
+    augment: bool = True
+    image_size: int | None = None
+    train_samples: int | None = None
+    test_samples: int | None = None
+    out: str | None = None
+    log_every: int | None = None
+    device: str = "auto"
+    progress: bool = True
+
+    def resolved(self) -> TrainConfig:
+        """A copy with every size-dependent ``None`` filled in and the paths made concrete."""
+        size = config.get_size(self.size)
+        values = asdict(self)
+        values["size"] = size.name
+        for name in ("model", "epochs", "batch_size", "lr", "workers", "log_every", "image_size"):
+            if values[name] is None:
+                values[name] = getattr(size, name)
+        if self.data == "cifar100":
+            for name in ("train_samples", "test_samples"):
+                if values[name] is None:
+                    values[name] = getattr(size, name)
+            values["data_dir"] = str(self.data_dir or config.data_dir(size))
+        if values["out"] is None:
+            stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+            values["out"] = str(config.runs_dir() / f"{values['model']}-{stamp}")
+        return TrainConfig(**values)
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return devices.default_device()
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {name} asked for a GPU, but torch sees none; use --device cpu")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices), so that a CPU run repeats exactly."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: torch.utils.data.DataLoader, device: torch.device) -> dict[str, float]:
+    """Test loss, top-1 and top-5 accuracy in percent."""
+    model.eval()
+    loss_sum = torch.zeros((), device=device)
+    top1 = torch.zeros((), device=device)
+    top5 = torch.zeros((), device=device)
+    count = 0
+    for images, labels in loader:
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        logits = model(images)
+        loss_sum += nn.functional.cross_entropy(logits, labels, reduction="sum")
+        best = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        hits = best == labels[:, None]
+        top1 += hits[:, 0].sum()
+        top5 += hits.any(dim=1).sum()
+        count += len(labels)
+    model.train()
+    return {"test_loss": (loss_sum / count).item(), "test_top1": 100 * (top1 / count).item(),
+            "test_top5": 100 * (top5 / count).item()}
+
+
+def _progress_interval() -> float:
+    """Redraw often on a terminal or in a notebook; in a log file (batch jobs, CI) every 30 s."""
+    in_notebook = "ipykernel" in sys.modules
+    return 0.1 if in_notebook or sys.stderr.isatty() else 30.0
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+
+
+def run(cfg: TrainConfig) -> dict[str, Any]:
+    """Train as ``cfg`` says and return the summary that is also written to ``summary.json``."""
+    cfg = cfg.resolved()
+    size = config.get_size(cfg.size)
+    out = Path(cfg.out)
+    device = _pick_device(cfg.device)
+    seed_everything(cfg.seed)
+    if device.type == "cuda":
+        # Let cuDNN (MIOpen on ROCm) search for the fastest kernels: costly in the first iterations.
+        torch.backends.cudnn.benchmark = True
+
+    spec = DataSpec(source=cfg.data, root=Path(cfg.data_dir) if cfg.data_dir else None,
+                    image_size=cfg.image_size, augment=cfg.augment, train_samples=cfg.train_samples,
+                    test_samples=cfg.test_samples, seed=cfg.seed, prepare_hint=config.prepare_command(size, cfg.data_dir))
+    train_set, test_set = build_datasets(spec)
+    pin_memory = device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory
+    loader_options = dict(workers=cfg.workers, pin_memory=pin_memory, persistent_workers=cfg.persistent_workers,
+                          prefetch_factor=cfg.prefetch_factor, seed=cfg.seed)
+    train_loader = build_loader(train_set, cfg.batch_size, shuffle=True, drop_last=True, **loader_options)
+    test_loader = build_loader(test_set, min(cfg.batch_size, len(test_set)), shuffle=False, **loader_options)
+
+    model = models.build(cfg.model, num_classes=100, image_size=cfg.image_size).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                weight_decay=cfg.weight_decay)
+    steps_per_epoch = len(train_loader)
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+    epochs_to_run = math.ceil(total_steps / steps_per_epoch)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+    criterion = nn.CrossEntropyLoss()
+
+    writer = MetricsWriter(out)
+    clock = StepClock(device)
+    step_seconds: list[float] = []
+    step_images: list[int] = []
+    epoch_records: list[dict[str, Any]] = []
+    step = 0
+    bar = tqdm(total=total_steps, desc=f"{cfg.model} on {device.type}", unit="it",
+               disable=not cfg.progress, mininterval=_progress_interval(), dynamic_ncols=True)
+    try:
+        for epoch in range(epochs_to_run):
+            model.train()
+            loss_sum = torch.zeros((), device=device)
+            interval_loss, interval_steps = torch.zeros((), device=device), 0
+            interval_data: list[float] = []
+            interval_images: list[int] = []
+            epoch_steps = 0
+            epoch_start = time.perf_counter()
+            clock.start()
+            fetch_start = time.perf_counter()
+            for images, labels in train_loader:
+                interval_data.append(time.perf_counter() - fetch_start)
+                images = images.to(device, non_blocking=True)
+                labels = labels.to(device, non_blocking=True)
+                loss = criterion(model(images), labels)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
+                clock.lap()
+                step += 1
+                epoch_steps += 1
+                loss_sum += loss.detach()
+                interval_loss += loss.detach()
+                interval_steps += 1
+                interval_images.append(len(labels))
+                bar.update()
+                last = step == total_steps or epoch_steps == steps_per_epoch
+                if step % cfg.log_every == 0 or last:
+                    seconds = clock.drain()
+                    mean_loss = (interval_loss / interval_steps).item()
+                    if not math.isfinite(mean_loss):
+                        raise NonFiniteLossError(
+                            f"the training loss became {mean_loss} by step {step} (epoch {epoch + 1}); "
+                            f"lower --lr (now {cfg.lr}) and check the data")
+                    rate = sum(interval_images) / sum(seconds)
+                    writer.record(
+                        {"kind": "step", "step": step, "epoch": epoch + 1, "loss": mean_loss,
+                         "lr": scheduler.get_last_lr()[0], "images_per_second": rate,
+                         "iteration_seconds": seconds, "data_seconds": interval_data},
+                        {"train/loss": mean_loss, "train/images_per_second": rate,
+                         "train/lr": scheduler.get_last_lr()[0]}, step)
+                    step_seconds += seconds
+                    step_images += interval_images
+                    bar.set_postfix(loss=f"{mean_loss:.3f}", img_s=f"{rate:.0f}")
+                    interval_loss.zero_()
+                    interval_steps, interval_data, interval_images = 0, [], []
+                if step == total_steps:
+                    break
+                fetch_start = time.perf_counter()
+            devices.synchronize(device)
+            epoch_seconds = time.perf_counter() - epoch_start
+            eval_start = time.perf_counter()
+            scores = evaluate(model, test_loader, device)
+            record = {"kind": "epoch", "epoch": epoch + 1, "step": step, "steps": epoch_steps,
+                      "seconds": epoch_seconds, "eval_seconds": time.perf_counter() - eval_start,
+                      "train_loss": (loss_sum / epoch_steps).item(),
+                      "images_per_second": epoch_steps * cfg.batch_size / epoch_seconds, **scores}
+            epoch_records.append(record)
+            writer.record(record, {"epoch/seconds": epoch_seconds, "train/epoch_loss": record["train_loss"],
+                                   "test/loss": scores["test_loss"], "test/top1": scores["test_top1"],
+                                   "test/top5": scores["test_top5"]}, epoch + 1)
+            save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "scheduler": scheduler.state_dict(), "epoch": epoch + 1, "step": step,
+                         "config": asdict(cfg)}, out / CHECKPOINT_PATH)
+            tqdm.write(f"epoch {epoch + 1}/{epochs_to_run}: {epoch_seconds:.1f} s, train loss "
+                       f"{record['train_loss']:.3f}, test top-1 {scores['test_top1']:.1f} %, "
+                       f"{record['images_per_second']:.0f} images/s")
+    finally:
+        bar.close()
+        writer.close()
+
+    skip = warmup_steps(steps_per_epoch, epochs_to_run, step)
+    summary = {
+        "images_per_second": images_per_second(step_seconds, step_images, skip),
+        "warmup_steps": skip,
+        "first_epoch_seconds": epoch_records[0]["seconds"],
+        "epoch_seconds": [r["seconds"] for r in epoch_records],
+        "first_iteration_seconds": step_seconds[:5],
+        "steady_iteration_seconds": statistics.median(step_seconds[skip:] or step_seconds),
+        "steps": step,
+        "steps_per_epoch": steps_per_epoch,
+        "final_train_loss": epoch_records[-1]["train_loss"],
+        "test_loss": epoch_records[-1]["test_loss"],
+        "test_top1": epoch_records[-1]["test_top1"],
+        "test_top5": epoch_records[-1]["test_top5"],
+        "world_size": 1,
+        "device": _device_name(device),
+        "device_type": device.type,
+        "parameters": models.count_parameters(model),
+        "train_samples": len(train_set),
+        "torch_version": torch.__version__,
+        "out": str(out),
+        "config": asdict(cfg),
+    }
+    writer.summary(summary)
+    return summary
+
+
+def train(**options: Any) -> dict[str, Any]:
+    """Train from a notebook: ``train(model="resnet18", epochs=2)`` is ``--model resnet18 --epochs 2``."""
+    valid = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+    return run(TrainConfig(**options))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    sizes = ", ".join(f"{name}: {s.model}, {s.epochs} epochs, batch {s.batch_size}"
+                      for name, s in config.SIZES.items())
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils.train", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"Size defaults: {sizes}.")
+    add = parser.add_argument
+    add("--size", choices=list(config.SIZES), help=f"course size (default: ${config.SIZE_VARIABLE}, "
+        "else workshop on a GPU machine and ci elsewhere); fills every flag left unset")
+    add("--model", choices=models.MODEL_NAMES, help="network to train (default: from the size)")
+    add("--epochs", type=int, help="passes over the training set (default: from the size)")
+    add("--max-steps", type=int, help="stop after this many iterations in all, even mid-epoch")
+    add("--batch-size", type=int, help="images per iteration and process (default: from the size)")
+    add("--lr", type=float, help="peak learning rate of SGD, annealed by a cosine (default: from the size)")
+    add("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    add("--weight-decay", type=float, default=5e-4, help="L2 weight decay (default 5e-4)")
+    add("--workers", type=int, help="DataLoader worker processes (default: from the size)")
+    add("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
+        help="page-locked host batches for faster copies to the GPU (default: on with a GPU)")
+    add("--persistent-workers", action="store_true", help="keep DataLoader workers alive between epochs")
+    add("--prefetch-factor", type=int, help="batches each worker loads ahead (PyTorch's default: 2)")
+    add("--seed", type=int, default=0, help="random seed; a CPU run with the same seed repeats exactly")
+    add("--data", choices=DATA_SOURCES, default="cifar100",
+        help="cifar100 (default), synthetic random images (no I/O), or an imagefolder with train/ and val/")
+    add("--data-dir", help="data root holding cifar-100-python/ (default: from the size and $COURSE_DATA_DIR)")
+    add("--no-augment", dest="augment", action="store_false", help="turn off random crop and flip")
+    add("--image-size", type=int, choices=(32, 224),
+        help="32: native CIFAR with CIFAR-stem ResNets; 224: resized, torchvision's standard ResNets "
+             "(the LUMI workshop's set-up)")
+    add("--train-samples", type=int, help="use only the first N training images")
+    add("--test-samples", type=int, help="use only the first N test images")
+    add("--out", help="run folder for metrics, TensorBoard and checkpoints (default: runs/<model>-<time>)")
+    add("--log-every", type=int, help="write a metrics record every N iterations (default: from the size)")
+    add("--device", default="auto", help="auto (first GPU, else CPU), cpu, cuda or cuda:N")
+    add("--no-progress", dest="progress", action="store_false", help="no progress bar (batch jobs)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        summary = run(TrainConfig(**vars(args)))
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"{summary['images_per_second']:.0f} images/s in steady state, test top-1 "
+          f"{summary['test_top1']:.1f} %; results in {summary['out']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

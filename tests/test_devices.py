@@ -1,0 +1,32 @@
+import torch
+
+from course_utils import devices
+
+
+def test_cpu_machine_uses_gloo():
+    acc = devices.detect()
+    if torch.cuda.is_available():
+        assert acc.backend == "nccl" and acc.device_count == torch.cuda.device_count()
+    else:
+        assert acc.kind == "cpu" and acc.backend == "gloo" and not acc.has_gpu
+        assert devices.default_device() == torch.device("cpu")
+
+
+def test_report_names_torch_and_backend():
+    text = devices.report()
+    assert torch.__version__ in text and "backend" in text
+
+
+def test_dnn_versions_decode():
+    assert devices.decode_dnn_version(90100, is_rocm=False) == "cuDNN 9.1.0"
+    assert devices.decode_dnn_version(91002, is_rocm=False) == "cuDNN 9.10.2"
+    assert devices.decode_dnn_version(8902, is_rocm=False) == "cuDNN 8.9.2"
+    assert devices.decode_dnn_version(3004000, is_rocm=True) == "MIOpen 3.4.0"
+
+
+def test_report_of_a_rocm_machine_explains_gcds():
+    acc = devices.Accelerator(kind="rocm", gpus=(devices.GPU(0, "AMD Instinct MI250X", 64.0),),
+                              runtime="HIP 6.2", dnn_library="MIOpen 3.2.0", collective_library="RCCL 2.20.5",
+                              backend="nccl")
+    text = devices.report(acc)
+    assert "AMD ROCm" in text and "RCCL 2.20.5" in text and "GCD" in text

@@ -1,0 +1,84 @@
+import pickle
+
+import numpy as np
+import pytest
+from torchvision.datasets import CIFAR100
+
+from course_utils.cifar import (DatasetCorruptError, DatasetMissingError, VerifiedCIFAR100, describe,
+                                file_md5, mismatched_files)
+from data_prep.labels import COARSE_LABEL_NAMES, FINE_LABEL_NAMES
+from data_prep.tiny_cifar100 import generate
+
+
+def _load(path):
+    with open(path, "rb") as stream:
+        return pickle.load(stream, encoding="latin1")
+
+
+def test_files_have_the_official_keys_dtypes_and_shapes(tiny_root):
+    folder = tiny_root / "cifar-100-python"
+    train, test, meta = _load(folder / "train"), _load(folder / "test"), _load(folder / "meta")
+    for split, count, label in ((train, 600, "training batch 1 of 1"), (test, 200, "testing batch 1 of 1")):
+        assert set(split) == {"filenames", "batch_label", "fine_labels", "coarse_labels", "data"}
+        assert split["data"].dtype == np.uint8 and split["data"].shape == (count, 3072)
+        assert len(split["fine_labels"]) == len(split["coarse_labels"]) == len(split["filenames"]) == count
+        assert split["batch_label"] == label
+    assert meta["fine_label_names"] == FINE_LABEL_NAMES and len(FINE_LABEL_NAMES) == 100
+    assert meta["coarse_label_names"] == COARSE_LABEL_NAMES and len(COARSE_LABEL_NAMES) == 20
+
+
+def test_fine_classes_sit_under_their_real_superclasses(tiny_root):
+    train = _load(tiny_root / "cifar-100-python" / "train")
+    pairs = {(FINE_LABEL_NAMES[f], COARSE_LABEL_NAMES[c]) for f, c in zip(train["fine_labels"], train["coarse_labels"])}
+    for fine, coarse in [("beaver", "aquatic_mammals"), ("aquarium_fish", "fish"), ("maple_tree", "trees"),
+                         ("lawn_mower", "vehicles_2"), ("pickup_truck", "vehicles_1"), ("baby", "people")]:
+        assert (fine, coarse) in pairs
+    per_coarse = {}
+    for fine, coarse in pairs:
+        per_coarse.setdefault(coarse, set()).add(fine)
+    assert len(per_coarse) == 20 and all(len(fines) == 5 for fines in per_coarse.values())
+
+
+def test_torchvision_reader_reads_it(tiny_root):
+    dataset = VerifiedCIFAR100(tiny_root, train=True)
+    image, label = dataset[0]
+    assert len(dataset) == 600 and image.size == (32, 32) and 0 <= label < 100
+    assert dataset.classes == FINE_LABEL_NAMES
+    assert sorted(set(dataset.targets)) == list(range(100))
+    assert "tiny generated" in describe(tiny_root)
+
+
+def test_plain_torchvision_refuses_it_on_the_official_checksums(tiny_root):
+    with pytest.raises(RuntimeError, match="not found or corrupted"):
+        CIFAR100(str(tiny_root), train=True)
+
+
+def test_generation_is_deterministic(tmp_path):
+    a, b, c = (generate(tmp_path / name, train=100, test=100, seed=seed) for name, seed in (("a", 1), ("b", 1), ("c", 2)))
+    assert file_md5(a / "train") == file_md5(b / "train")
+    assert file_md5(a / "train") != file_md5(c / "train")
+
+
+def test_a_changed_file_is_refused_with_the_fix(tmp_path):
+    generate(tmp_path, train=100, test=100)
+    path = tmp_path / "cifar-100-python" / "test"
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert mismatched_files(tmp_path) == ["test"]
+    with pytest.raises(DatasetCorruptError, match="python -m data_prep.tiny_cifar100"):
+        VerifiedCIFAR100(tmp_path, prepare_hint=f"python -m data_prep.tiny_cifar100 --root {tmp_path}")
+
+
+def test_missing_data_names_the_command(tmp_path):
+    hint = f"python -m data_prep.tiny_cifar100 --root {tmp_path}"
+    with pytest.raises(DatasetMissingError) as error:
+        VerifiedCIFAR100(tmp_path, prepare_hint=hint)
+    assert hint in str(error.value)
+
+
+def test_generation_replaces_a_previous_tree_without_leftovers(tmp_path):
+    generate(tmp_path, train=100, test=100, seed=0)
+    generate(tmp_path, train=200, test=100, seed=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar-100-python"]
+    assert len(VerifiedCIFAR100(tmp_path)) == 200

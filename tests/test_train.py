@@ -1,0 +1,124 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from course_utils import checkpoint, config, models
+from course_utils.metrics import load_run
+from course_utils.train import build_parser, train
+
+SUMMARY_KEYS = {"images_per_second", "first_epoch_seconds", "epoch_seconds", "final_train_loss", "test_top1",
+                "test_top5", "world_size", "device", "config", "steps", "first_iteration_seconds"}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tiny_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("quick") / "run"
+    summary = train(size="ci", data_dir=str(tiny_root), train_samples=256, test_samples=128, epochs=2,
+                    batch_size=32, workers=0, log_every=3, out=str(out), progress=False, device="cpu")
+    return summary, out
+
+
+def test_summary_follows_the_contract(quick_run):
+    summary, out = quick_run
+    assert SUMMARY_KEYS <= set(summary)
+    assert json.loads((out / "summary.json").read_text())["steps"] == summary["steps"] == 16
+    assert summary["world_size"] == 1 and summary["device"] == "CPU"
+    assert len(summary["epoch_seconds"]) == 2 and summary["images_per_second"] > 0
+    assert summary["config"]["batch_size"] == 32 and summary["config"]["model"] == "small_cnn"
+
+
+def test_metrics_jsonl_schema(quick_run):
+    _, out = quick_run
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert {"step", "epoch", "loss", "lr", "images_per_second", "iteration_seconds", "data_seconds"} <= set(steps[0])
+    assert {"epoch", "seconds", "train_loss", "test_loss", "test_top1", "test_top5", "steps"} <= set(epochs[0])
+    assert sum(len(r["iteration_seconds"]) for r in steps) == 16 and len(epochs) == 2
+    run = load_run(out)
+    assert list(run.iterations["step"]) == list(range(1, 17))
+
+
+def test_tensorboard_events_are_readable(quick_run):
+    _, out = quick_run
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert {"train/loss", "test/top1", "epoch/seconds"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("test/top1")] == [1, 2]
+
+
+def test_checkpoint_holds_the_model(quick_run):
+    summary, out = quick_run
+    state = checkpoint.load(out / "checkpoints" / "last.pt")
+    model = models.build("small_cnn")
+    model.load_state_dict(state["model"])
+    assert state["step"] == summary["steps"] and state["epoch"] == 2
+
+
+def test_loss_falls_and_accuracy_beats_chance_at_the_ci_size(tiny_root, tmp_path):
+    size = config.SIZES["ci"]
+    summary = train(size="ci", data_dir=str(tiny_root), train_samples=600, test_samples=200, out=str(tmp_path),
+                    progress=False, device="cpu")
+    run = load_run(tmp_path)
+    assert run.steps["loss"].iloc[-3:].mean() < run.steps["loss"].iloc[:3].mean() - 0.3
+    assert summary["test_top5"] > 5 * 5.0  # five times chance for top-5
+    assert summary["config"]["epochs"] == size.epochs
+
+
+def test_same_seed_repeats_exactly_on_cpu(quick, tmp_path):
+    first = train(**{**quick, "out": str(tmp_path / "a"), "workers": 1})
+    second = train(**{**quick, "out": str(tmp_path / "b"), "workers": 1})
+    a = checkpoint.load(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
+    b = checkpoint.load(tmp_path / "b" / "checkpoints" / "last.pt")["model"]
+    assert first["final_train_loss"] == second["final_train_loss"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    third = train(**{**quick, "out": str(tmp_path / "c"), "seed": 1})
+    assert third["final_train_loss"] != first["final_train_loss"]
+
+
+def test_max_steps_stops_mid_epoch(quick):
+    summary = train(**{**quick, "max_steps": 5})
+    assert summary["steps"] == 5 and len(summary["epoch_seconds"]) == 1
+
+
+def test_unknown_option_is_named(quick):
+    with pytest.raises(TypeError, match="batchsize"):
+        train(**quick, batchsize=3)
+
+
+def test_help_documents_every_flag():
+    text = build_parser().format_help()
+    for flag in ("--size", "--model", "--epochs", "--max-steps", "--batch-size", "--lr", "--workers", "--seed",
+                 "--data", "--data-dir", "--no-augment", "--image-size", "--out", "--log-every",
+                 "--pin-memory", "--persistent-workers", "--prefetch-factor"):
+        assert flag in text
+    for action in build_parser()._actions:
+        assert action.help, f"{action.option_strings} has no help text"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "course_utils.train", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_command_line_short_run(tiny_root, tmp_path):
+    result = _cli("--size", "ci", "--data-dir", str(tiny_root), "--max-steps", "4", "--batch-size", "16",
+                  "--train-samples", "64", "--test-samples", "32", "--workers", "0", "--out", str(tmp_path),
+                  "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "images/s" in result.stdout and (tmp_path / "summary.json").exists()
+
+
+def test_command_line_missing_data_names_the_fix(tmp_path):
+    result = _cli("--size", "ci", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"))
+    assert result.returncode == 1
+    assert f"python -m data_prep.tiny_cifar100 --root {tmp_path / 'nowhere'}" in result.stderr
+
+
+def test_command_line_rejects_an_unknown_model():
+    result = _cli("--model", "vgg16")
+    assert result.returncode == 2 and "resnet18" in result.stderr
