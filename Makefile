@@ -38,7 +38,8 @@ data: setup
 	$(BIN)/python -m data_prep
 
 lab: data
-	$(BIN)/jupyter lab --ip=$(HOST) --port=$(PORT) $(if $(filter 0,$(BROWSER)),--no-browser,)
+	$(BIN)/jupyter lab --ip=$(HOST) --port=$(PORT) $(if $(filter 0,$(BROWSER)),--no-browser,) \
+		$(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: setup
 	COURSE_SIZE=ci $(BIN)/python -m data_prep --size ci

@@ -7,6 +7,10 @@ Each result file is JSON with at least ``benchmark``, ``device``, ``date``, ``ve
 from __future__ import annotations
 
 import json
+import os
+import platform
+import re
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -29,3 +33,35 @@ def table(benchmark: str) -> pd.DataFrame:
             rows.append({"device": result["device"], "date": result["date"],
                          "torch": result["versions"].get("torch", ""), **row})
     return pd.DataFrame(rows)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def record(benchmark: str, rows: list[dict], device: str) -> Path:
+    """Write ``rows`` measured on ``device`` as a new result file; return its path."""
+    import torch
+    import torchvision
+
+    now = datetime.now(timezone.utc)
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    path = results_dir() / f"{benchmark}-{slug}-{now:%Y%m%d-%H%M%S}.json"
+    result = {
+        "benchmark": benchmark,
+        "device": device,
+        "date": now.strftime("%Y-%m-%d"),
+        "machine": {"cpu": _cpu_model(), "cpu_cores": os.cpu_count()},
+        "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
+                     "python": platform.python_version(), "cuda": torch.version.cuda, "hip": torch.version.hip},
+        "rows": rows,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path

@@ -1,0 +1,11 @@
+from course_utils import reference
+
+
+def test_recorded_rows_come_back_with_device_and_date(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "results_dir", lambda: tmp_path)
+    path = reference.record("baseline", [{"model": "small_cnn", "images_per_second": 123.0}], "Test GPU 80GB")
+    assert path.parent == tmp_path and path.name.startswith("baseline-test-gpu-80gb-")
+    reference.record("loop_overhead", [{"overhead_percent": 1.0}], "CPU")
+    table = reference.table("baseline")
+    assert list(table["model"]) == ["small_cnn"] and table["device"][0] == "Test GPU 80GB"
+    assert {"date", "torch", "images_per_second"} <= set(table.columns)
