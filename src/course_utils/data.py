@@ -8,11 +8,13 @@ persistent workers and prefetch depth.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torchvision import datasets
 from torchvision.transforms import v2
 
@@ -106,6 +108,21 @@ def build_datasets(spec: DataSpec) -> tuple[Dataset, Dataset]:
     return _first(train, spec.train_samples), _first(test, spec.test_samples)
 
 
+class DelayedCollate:
+    """Collate a batch, then sleep: a slow input pipeline on purpose, for the bottleneck lessons.
+
+    The sleep happens where batches are made (in the worker processes when there are any), so
+    more workers hide it just as they would hide slow decoding.
+    """
+
+    def __init__(self, delay_seconds: float) -> None:
+        self.delay_seconds = delay_seconds
+
+    def __call__(self, samples: list) -> Any:
+        time.sleep(self.delay_seconds)
+        return default_collate(samples)
+
+
 def seeded_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
@@ -113,7 +130,7 @@ def seeded_generator(seed: int) -> torch.Generator:
 def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False,
                  prefetch_factor: int | None = None, drop_last: bool = False, seed: int = 0,
-                 sampler: torch.utils.data.Sampler | None = None) -> DataLoader:
+                 sampler: torch.utils.data.Sampler | None = None, delay_seconds: float = 0.0) -> DataLoader:
     """A DataLoader with the knobs the course measures; shuffling is seeded, so runs repeat."""
     if batch_size > len(dataset):
         raise ValueError(
@@ -130,4 +147,5 @@ def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: i
         prefetch_factor=prefetch_factor if workers > 0 else None,
         drop_last=drop_last,
         generator=seeded_generator(seed),
+        collate_fn=DelayedCollate(delay_seconds) if delay_seconds > 0 else None,
     )

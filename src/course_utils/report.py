@@ -25,8 +25,12 @@ def warmup(run: Run) -> str:
         lines.append(f"- The first epoch took **{epochs[0]:.1f} s**, the later ones **{later:.1f} s** on "
                      f"average: the first was **{verdict}** the rest ({ratio:.2f}x).")
         extra = epochs[0] - later
-        lines.append(f"- Warm-up therefore cost about **{max(extra, 0):.1f} s** once, while one epoch costs "
-                     f"{later:.1f} s every time: measure speed after warm-up, never from the first epoch.")
+        if extra > 0.05 * later:
+            lines.append(f"- Warm-up therefore cost about **{extra:.1f} s** once, while one epoch costs {later:.1f} s "
+                         f"every time: measure speed after warm-up, never from the first epoch.")
+        else:
+            lines.append("- Here the one-time costs are too small to show at the scale of an epoch (it is "
+                         "noisier than they are); they show in the first iterations instead.")
         predicted = run.summary["steps_per_epoch"] * steady
         starts = run.iterations.groupby("epoch")["seconds"].first().iloc[1:]
         cfg = run.summary.get("config", {})

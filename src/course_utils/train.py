@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from course_utils import config, devices, models
 from course_utils.checkpoint import save_atomic
 from course_utils.data import DATA_SOURCES, DataSpec, build_datasets, build_loader
 from course_utils.metrics import MetricsWriter
+from course_utils.profiling import Ranges, TraceSchedule, start_trace
 from course_utils.timing import StepClock, images_per_second, warmup_steps
 
 CHECKPOINT_PATH = Path("checkpoints") / "last.pt"
@@ -61,8 +62,10 @@ class TrainConfig:
     image_size: int | None = None
     train_samples: int | None = None
     test_samples: int | None = None
+    input_delay_ms: float = 0.0
     out: str | None = None
     log_every: int | None = None
+    trace: str | None = None
     device: str = "auto"
     progress: bool = True
 
@@ -129,42 +132,86 @@ def _progress_interval() -> float:
     return 0.1 if in_notebook or sys.stderr.isatty() else 30.0
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
 
 
-def run(cfg: TrainConfig) -> dict[str, Any]:
-    """Train as ``cfg`` says and return the summary that is also written to ``summary.json``."""
+@dataclass
+class Setup:
+    """Everything a run trains with, built once from a resolved :class:`TrainConfig`."""
+
+    cfg: TrainConfig
+    device: torch.device
+    train_set: torch.utils.data.Dataset
+    train_loader: torch.utils.data.DataLoader
+    test_loader: torch.utils.data.DataLoader
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    criterion: nn.Module
+
+
+def prepare(cfg: TrainConfig) -> Setup:
+    """Seed, pick the device, and build data, model and optimizer as ``cfg`` says."""
     cfg = cfg.resolved()
     size = config.get_size(cfg.size)
-    out = Path(cfg.out)
     device = _pick_device(cfg.device)
     seed_everything(cfg.seed)
     if device.type == "cuda":
         # Let cuDNN (MIOpen on ROCm) search for the fastest kernels: costly in the first iterations.
         torch.backends.cudnn.benchmark = True
-
     spec = DataSpec(source=cfg.data, root=Path(cfg.data_dir) if cfg.data_dir else None,
                     image_size=cfg.image_size, augment=cfg.augment, train_samples=cfg.train_samples,
-                    test_samples=cfg.test_samples, seed=cfg.seed, prepare_hint=config.prepare_command(size, cfg.data_dir))
+                    test_samples=cfg.test_samples, seed=cfg.seed,
+                    prepare_hint=config.prepare_command(size, cfg.data_dir))
     train_set, test_set = build_datasets(spec)
     pin_memory = device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory
     loader_options = dict(workers=cfg.workers, pin_memory=pin_memory, persistent_workers=cfg.persistent_workers,
                           prefetch_factor=cfg.prefetch_factor, seed=cfg.seed)
-    train_loader = build_loader(train_set, cfg.batch_size, shuffle=True, drop_last=True, **loader_options)
+    train_loader = build_loader(train_set, cfg.batch_size, shuffle=True, drop_last=True,
+                                delay_seconds=cfg.input_delay_ms / 1000, **loader_options)
     test_loader = build_loader(test_set, min(cfg.batch_size, len(test_set)), shuffle=False, **loader_options)
-
     model = models.build(cfg.model, num_classes=100, image_size=cfg.image_size).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay)
-    steps_per_epoch = len(train_loader)
+    return Setup(cfg, device, train_set, train_loader, test_loader, model, optimizer, nn.CrossEntropyLoss())
+
+
+def train_step(setup: Setup, images: torch.Tensor, labels: torch.Tensor, ranges: Ranges) -> torch.Tensor:
+    """Forward, backward and update on one batch already on the device; returns the loss."""
+    with ranges("forward"):
+        loss = setup.criterion(setup.model(images), labels)
+    with ranges("backward"):
+        setup.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+    with ranges("optimizer_step"):
+        setup.optimizer.step()
+    return loss
+
+
+def next_batch(iterator: Iterator, device: torch.device, ranges: Ranges) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The next batch, copied to ``device``; None at the end of the epoch."""
+    with ranges("data"):
+        try:
+            images, labels = next(iterator)
+        except StopIteration:
+            return None
+        return images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+
+
+def run(cfg: TrainConfig) -> dict[str, Any]:
+    """Train as ``cfg`` says and return the summary that is also written to ``summary.json``."""
+    setup = prepare(cfg)
+    cfg, device, model = setup.cfg, setup.device, setup.model
+    out = Path(cfg.out)
+    steps_per_epoch = len(setup.train_loader)
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
     epochs_to_run = math.ceil(total_steps / steps_per_epoch)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
-    criterion = nn.CrossEntropyLoss()
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(setup.optimizer, T_max=total_steps)
 
+    ranges = Ranges(enabled=cfg.trace is not None, nvtx=True)
+    profiler = start_trace(Path(cfg.trace), TraceSchedule().fitted(total_steps), device) if cfg.trace else None
     writer = MetricsWriter(out)
     clock = StepClock(device)
     step_seconds: list[float] = []
@@ -183,23 +230,24 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             epoch_steps = 0
             epoch_start = time.perf_counter()
             clock.start()
-            fetch_start = time.perf_counter()
-            for images, labels in train_loader:
+            iterator = iter(setup.train_loader)
+            while step < total_steps:
+                fetch_start = time.perf_counter()
+                batch = next_batch(iterator, device, ranges)
+                if batch is None:
+                    break
                 interval_data.append(time.perf_counter() - fetch_start)
-                images = images.to(device, non_blocking=True)
-                labels = labels.to(device, non_blocking=True)
-                loss = criterion(model(images), labels)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                loss = train_step(setup, *batch, ranges)
                 scheduler.step()
                 clock.lap()
+                if profiler is not None:
+                    profiler.step()
                 step += 1
                 epoch_steps += 1
                 loss_sum += loss.detach()
                 interval_loss += loss.detach()
                 interval_steps += 1
-                interval_images.append(len(labels))
+                interval_images.append(len(batch[1]))
                 bar.update()
                 last = step == total_steps or epoch_steps == steps_per_epoch
                 if step % cfg.log_every == 0 or last:
@@ -221,13 +269,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                     bar.set_postfix(loss=f"{mean_loss:.3f}", img_s=f"{rate:.0f}")
                     interval_loss.zero_()
                     interval_steps, interval_data, interval_images = 0, [], []
-                if step == total_steps:
-                    break
-                fetch_start = time.perf_counter()
             devices.synchronize(device)
             epoch_seconds = time.perf_counter() - epoch_start
             eval_start = time.perf_counter()
-            scores = evaluate(model, test_loader, device)
+            scores = evaluate(model, setup.test_loader, device)
             record = {"kind": "epoch", "epoch": epoch + 1, "step": step, "steps": epoch_steps,
                       "seconds": epoch_seconds, "eval_seconds": time.perf_counter() - eval_start,
                       "train_loss": (loss_sum / epoch_steps).item(),
@@ -236,7 +281,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             writer.record(record, {"epoch/seconds": epoch_seconds, "train/epoch_loss": record["train_loss"],
                                    "test/loss": scores["test_loss"], "test/top1": scores["test_top1"],
                                    "test/top5": scores["test_top5"]}, epoch + 1)
-            save_atomic({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            save_atomic({"model": model.state_dict(), "optimizer": setup.optimizer.state_dict(),
                          "scheduler": scheduler.state_dict(), "epoch": epoch + 1, "step": step,
                          "config": asdict(cfg)}, out / CHECKPOINT_PATH)
             tqdm.write(f"epoch {epoch + 1}/{epochs_to_run}: {epoch_seconds:.1f} s, train loss "
@@ -245,6 +290,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     finally:
         bar.close()
         writer.close()
+        if profiler is not None:
+            profiler.stop()
 
     skip = warmup_steps(steps_per_epoch, epochs_to_run, step)
     summary = {
@@ -261,12 +308,13 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         "test_top1": epoch_records[-1]["test_top1"],
         "test_top5": epoch_records[-1]["test_top5"],
         "world_size": 1,
-        "device": _device_name(device),
+        "device": device_name(device),
         "device_type": device.type,
         "parameters": models.count_parameters(model),
-        "train_samples": len(train_set),
+        "train_samples": len(setup.train_set),
         "torch_version": torch.__version__,
         "out": str(out),
+        "trace": cfg.trace,
         "config": asdict(cfg),
     }
     writer.summary(summary)
@@ -314,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
              "(the LUMI workshop's set-up)")
     add("--train-samples", type=int, help="use only the first N training images")
     add("--test-samples", type=int, help="use only the first N test images")
+    add("--input-delay-ms", type=float, default=0.0,
+        help="sleep this long in the loader for every batch: an input-bound run on purpose (default 0)")
+    add("--trace", metavar="DIR", help="profile a few iterations with torch.profiler; write DIR/trace.json "
+        "(open it in Perfetto), a TensorBoard trace and operator/phase tables")
     add("--out", help="run folder for metrics, TensorBoard and checkpoints (default: runs/<model>-<time>)")
     add("--log-every", type=int, help="write a metrics record every N iterations (default: from the size)")
     add("--device", default="auto", help="auto (first GPU, else CPU), cpu, cuda or cuda:N")

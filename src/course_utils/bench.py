@@ -1,0 +1,138 @@
+"""Is a run input-bound or compute-bound? Three throughputs and a one-line verdict.
+
+In the spirit of NVIDIA's benchy, without its limits (it needs CUDA and exits the process):
+
+- IO: iterate the training DataLoader and copy each batch to the device, no model;
+- SYNTHETIC: the model trains on one fixed batch that already sits on the device, no loader;
+- FULL: the real training step, loader and model together.
+
+Each is measured in images per second over a set number of iterations after warm-up. If IO is
+well below SYNTHETIC, the input pipeline cannot feed the model: input-bound. If SYNTHETIC is the
+lower one, the model is the limit: compute-bound. FULL shows what training actually gets.
+
+    python -m course_utils.bench [train flags] [--steps 30] [--warmup 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from course_utils import devices
+from course_utils.profiling import Ranges
+from course_utils.train import Setup, TrainConfig, build_parser, next_batch, prepare, train_step
+
+NO_RANGES = Ranges(enabled=False)
+BALANCE = 0.10  # IO and SYNTHETIC within 10 % of each other count as balanced
+
+
+@dataclass(frozen=True)
+class Triage:
+    """The three throughputs (images per second) and what they mean together."""
+
+    io: float
+    synthetic: float
+    full: float
+    verdict: str  # "input-bound", "compute-bound" or "balanced"
+    explanation: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def judge(io: float, synthetic: float, full: float) -> tuple[str, str]:
+    """The verdict and its one-line explanation, with the ratios that justify it."""
+    ratio = io / synthetic
+    efficiency = f"FULL reaches {full / synthetic:.0%} of SYNTHETIC"
+    if ratio < 1 - BALANCE:
+        return "input-bound", (f"input-bound: the loader delivers {io:.0f} images/s, only {ratio:.2f}x what the "
+                               f"model could train on ({synthetic:.0f}); {efficiency}. Feed it faster: more "
+                               f"workers, pinned memory, lighter decoding, or augmentation on the GPU.")
+    if ratio > 1 + BALANCE:
+        return "compute-bound", (f"compute-bound: the loader could deliver {ratio:.2f}x what the model trains "
+                                 f"on ({io:.0f} vs {synthetic:.0f} images/s); {efficiency}. Make the step "
+                                 f"faster: mixed precision, channels_last, compile, a larger batch.")
+    return "balanced", (f"balanced: loader and model run at about the same rate ({io:.0f} vs {synthetic:.0f} "
+                        f"images/s); {efficiency}. Speeding up either alone gains little.")
+
+
+def _rate(step: Callable[[], int], steps: int, warmup: int, setup: Setup) -> float:
+    """Images per second of ``step`` (which returns its batch size) after ``warmup`` calls."""
+    for _ in range(warmup):
+        step()
+    devices.synchronize(setup.device)
+    start = time.perf_counter()
+    images = sum(step() for _ in range(steps))
+    devices.synchronize(setup.device)
+    return images / (time.perf_counter() - start)
+
+
+def _endless(setup: Setup):
+    """Batches on the device, starting a new epoch whenever one ends."""
+    while True:
+        iterator = iter(setup.train_loader)
+        while (batch := next_batch(iterator, setup.device, NO_RANGES)) is not None:
+            yield batch
+
+
+def measure(setup: Setup, steps: int = 30, warmup: int = 5) -> Triage:
+    """IO, SYNTHETIC and FULL throughput of ``setup`` and the verdict."""
+    setup.model.train()
+    batches = _endless(setup)
+
+    def io_step() -> int:
+        return len(next(batches)[1])
+
+    io = _rate(io_step, steps, warmup, setup)
+    fixed_images, fixed_labels = next(batches)
+
+    def synthetic_step() -> int:
+        train_step(setup, fixed_images, fixed_labels, NO_RANGES)
+        return len(fixed_labels)
+
+    synthetic = _rate(synthetic_step, steps, warmup, setup)
+
+    def full_step() -> int:
+        images, labels = next(batches)
+        train_step(setup, images, labels, NO_RANGES)
+        return len(labels)
+
+    full = _rate(full_step, steps, warmup, setup)
+    verdict, explanation = judge(io, synthetic, full)
+    return Triage(io, synthetic, full, verdict, explanation)
+
+
+def triage(steps: int = 30, warmup: int = 5, **options) -> Triage:
+    """Triage from a notebook: ``triage(workers=0, input_delay_ms=50)`` takes the training options."""
+    options.setdefault("progress", False)
+    return measure(prepare(TrainConfig(**options)), steps, warmup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    parser.prog = "python -m course_utils.bench"
+    parser.description = __doc__
+    parser.add_argument("--steps", type=int, default=30, help="timed iterations of each mode (default 30)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed iterations before each mode (default 5)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    args = vars(parser.parse_args(argv))
+    steps, warmup, as_json = args.pop("steps"), args.pop("warmup"), args.pop("json")
+    try:
+        result = measure(prepare(TrainConfig(**args)), steps, warmup)
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(f"IO {result.io:.0f}  SYNTHETIC {result.synthetic:.0f}  FULL {result.full:.0f} images/s")
+        print(result.explanation)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
