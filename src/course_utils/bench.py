@@ -23,10 +23,9 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from course_utils import devices
-from course_utils.profiling import Ranges
+from course_utils.profiling import NO_RANGES
 from course_utils.train import Setup, TrainConfig, build_parser, next_batch, prepare, train_step
 
-NO_RANGES = Ranges(enabled=False)
 BALANCE = 0.10  # IO and SYNTHETIC within 10 % of each other count as balanced
 
 

@@ -35,6 +35,9 @@ class Size:
     log_every: int
     image_size: int
     generated_data: bool  # True: tiny data made by data_prep, False: the official archive
+    sweep_models: tuple[str, ...]  # notebook 02's model x batch-size sweep
+    sweep_batch_sizes: tuple[int, ...]
+    sweep_steps: int
     minutes_per_notebook: int  # what the README's time column promises
 
     def as_dict(self) -> dict:
@@ -59,6 +62,9 @@ SIZES: dict[str, Size] = {
         log_every=5,
         image_size=32,
         generated_data=True,
+        sweep_models=("small_cnn", "resnet18"),
+        sweep_batch_sizes=(16, 64),
+        sweep_steps=4,
         minutes_per_notebook=1,
     ),
     "workshop": Size(
@@ -73,6 +79,9 @@ SIZES: dict[str, Size] = {
         log_every=20,
         image_size=32,
         generated_data=False,
+        sweep_models=("resnet18", "resnet50", "resnet152"),
+        sweep_batch_sizes=(64, 256, 1024, 4096, 16384),
+        sweep_steps=20,
         minutes_per_notebook=15,
     ),
 }

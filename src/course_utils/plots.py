@@ -1,8 +1,9 @@
-"""The figures the notebooks share, drawn from a finished run (:class:`course_utils.metrics.Run`)."""
+"""The figures the notebooks share: runs, sweeps and profiles."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import pandas as pd
 from matplotlib.figure import Figure
 from torchvision.datasets import CIFAR100
 
@@ -65,5 +66,40 @@ def sample_grid(dataset: CIFAR100, count: int = 16) -> Figure:
         if index < count:
             ax.imshow(dataset.data[index])
             ax.set_title(dataset.classes[dataset.targets[index]], fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def sweep_results(sweep: pd.DataFrame) -> Figure:
+    """Throughput and peak memory against batch size, one line per model; x marks out of memory."""
+    fig, (speed_ax, memory_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for model, rows in sweep.groupby("model", sort=False):
+        fits = rows[rows["status"] == "ok"]
+        line, = speed_ax.plot(fits["batch_size"], fits["images_per_second"], "o-", label=model)
+        memory_ax.plot(fits["batch_size"], fits["peak_memory_mib"] / 1024, "o-", color=line.get_color(), label=model)
+        for batch in rows[rows["status"] != "ok"]["batch_size"]:
+            for ax in (speed_ax, memory_ax):
+                ax.plot([batch], [0], "x", color=line.get_color(), markersize=10, mew=2)
+    speed_ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="images per second (log scale)",
+                 title="Training throughput")
+    memory_ax.set(xscale="log", xlabel="batch size", ylabel="peak memory (GiB)", title="Peak memory (x: did not fit)")
+    batches = sorted(sweep["batch_size"].unique())
+    for ax in (speed_ax, memory_ax):
+        ax.minorticks_off()
+        ax.set_xticks(batches, labels=[str(b) for b in batches])
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def phase_split(phases: pd.DataFrame) -> Figure:
+    """Share of an iteration spent in data, forward, backward and optimizer step (from a trace)."""
+    fig, ax = plt.subplots(figsize=(7, 2.2))
+    left = 0.0
+    for row in phases.itertuples():
+        ax.barh(0, row.share_percent, left=left, label=f"{row.phase} {row.share_percent:.0f} %")
+        left += row.share_percent
+    ax.set(xlim=(0, 100), yticks=[], xlabel="% of the profiled iterations", title="Where the time goes")
+    ax.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
     fig.tight_layout()
     return fig

@@ -50,6 +50,9 @@ class Ranges:
                 torch.cuda.nvtx.range_pop()
 
 
+NO_RANGES = Ranges(enabled=False)
+
+
 @dataclass(frozen=True)
 class TraceSchedule:
     """Which iterations the profiler records: skip ``wait``, warm up for ``warmup``, record ``active``."""

@@ -6,13 +6,11 @@ notebook show the same numbers in CI, where no TensorBoard server should be star
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-INTERACTIVE_VARIABLE = "COURSE_INTERACTIVE"
+from course_utils.notebook import interactive
 
 
 def read_scalars(logdir: Path) -> pd.DataFrame:
@@ -27,16 +25,6 @@ def read_scalars(logdir: Path) -> pd.DataFrame:
         for event in accumulator.Scalars(tag)
     ]
     return pd.DataFrame(rows, columns=["tag", "step", "value", "wall_time"])
-
-
-def interactive() -> bool:
-    """True when a person is watching a live Jupyter front-end; False in nbval, CI and scripts.
-
-    ``COURSE_INTERACTIVE=0`` (the test configuration sets it) or ``CI=true`` switch it off.
-    """
-    if os.environ.get(INTERACTIVE_VARIABLE, "1") == "0" or os.environ.get("CI", "").lower() == "true":
-        return False
-    return "ipykernel" in sys.modules
 
 
 def command(logdir: Path, port: int = 6006) -> str:

@@ -29,10 +29,12 @@ from course_utils import config, devices, models
 from course_utils.checkpoint import save_atomic
 from course_utils.data import DATA_SOURCES, DataSpec, build_datasets, build_loader
 from course_utils.metrics import MetricsWriter
+from course_utils.monitor import BACKEND_NAMES, Monitor
 from course_utils.profiling import Ranges, TraceSchedule, start_trace
 from course_utils.timing import StepClock, images_per_second, warmup_steps
 
 CHECKPOINT_PATH = Path("checkpoints") / "last.pt"
+MONITOR_FILE = "monitor.csv"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -66,6 +68,8 @@ class TrainConfig:
     out: str | None = None
     log_every: int | None = None
     trace: str | None = None
+    monitor: str | None = None
+    monitor_interval: float = 0.5
     device: str = "auto"
     progress: bool = True
 
@@ -130,6 +134,17 @@ def _progress_interval() -> float:
     """Redraw often on a terminal or in a notebook; in a log file (batch jobs, CI) every 30 s."""
     in_notebook = "ipykernel" in sys.modules
     return 0.1 if in_notebook or sys.stderr.isatty() else 30.0
+
+
+def _monitor_summary(monitor: Monitor) -> dict[str, Any]:
+    """Means and peaks over the training phases (evaluation left out), per device."""
+    frame = monitor.frame()
+    training = frame[frame["phase"].str.startswith("epoch")]
+    per_device = training.groupby("index").agg(
+        utilization_percent=("utilization_percent", "mean"), memory_peak_mib=("memory_used_mib", "max"),
+        power_watts=("power_watts", "mean"), power_limit_watts=("power_limit_watts", "max"))
+    return {"backend": monitor.backend_name, "samples": len(frame), "interval": monitor.interval,
+            "devices": per_device.reset_index().to_dict("records")}
 
 
 def device_name(device: torch.device) -> str:
@@ -213,6 +228,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     ranges = Ranges(enabled=cfg.trace is not None, nvtx=True)
     profiler = start_trace(Path(cfg.trace), TraceSchedule().fitted(total_steps), device) if cfg.trace else None
     writer = MetricsWriter(out)
+    monitor = Monitor(cfg.monitor, cfg.monitor_interval).start() if cfg.monitor else None
     clock = StepClock(device)
     step_seconds: list[float] = []
     step_images: list[int] = []
@@ -223,6 +239,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     try:
         for epoch in range(epochs_to_run):
             model.train()
+            if monitor is not None:
+                monitor.phase(f"epoch {epoch + 1}")
             loss_sum = torch.zeros((), device=device)
             interval_loss, interval_steps = torch.zeros((), device=device), 0
             interval_data: list[float] = []
@@ -272,6 +290,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             devices.synchronize(device)
             epoch_seconds = time.perf_counter() - epoch_start
             eval_start = time.perf_counter()
+            if monitor is not None:
+                monitor.phase(f"eval {epoch + 1}")
             scores = evaluate(model, setup.test_loader, device)
             record = {"kind": "epoch", "epoch": epoch + 1, "step": step, "steps": epoch_steps,
                       "seconds": epoch_seconds, "eval_seconds": time.perf_counter() - eval_start,
@@ -292,6 +312,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         writer.close()
         if profiler is not None:
             profiler.stop()
+        if monitor is not None:
+            monitor.stop()
+            monitor.frame().to_csv(out / MONITOR_FILE, index=False)
 
     skip = warmup_steps(steps_per_epoch, epochs_to_run, step)
     summary = {
@@ -315,6 +338,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "out": str(out),
         "trace": cfg.trace,
+        "peak_memory_allocated_mib": (torch.cuda.max_memory_allocated(device) / 2**20
+                                      if device.type == "cuda" else None),
+        "monitor": _monitor_summary(monitor) if monitor is not None else None,
         "config": asdict(cfg),
     }
     writer.summary(summary)
@@ -366,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="sleep this long in the loader for every batch: an input-bound run on purpose (default 0)")
     add("--trace", metavar="DIR", help="profile a few iterations with torch.profiler; write DIR/trace.json "
         "(open it in Perfetto), a TensorBoard trace and operator/phase tables")
+    add("--monitor", nargs="?", const="auto", choices=BACKEND_NAMES, metavar="BACKEND",
+        help="sample GPU (or CPU) utilization, memory and power during the run into OUT/monitor.csv; "
+             f"BACKEND is one of {', '.join(BACKEND_NAMES)} (default auto)")
+    add("--monitor-interval", type=float, default=0.5, help="seconds between monitor samples (default 0.5)")
     add("--out", help="run folder for metrics, TensorBoard and checkpoints (default: runs/<model>-<time>)")
     add("--log-every", type=int, help="write a metrics record every N iterations (default: from the size)")
     add("--device", default="auto", help="auto (first GPU, else CPU), cpu, cuda or cuda:N")

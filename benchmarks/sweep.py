@@ -1,0 +1,23 @@
+"""Record notebook 02's model x batch-size sweep on this machine, for the notebook's reference table.
+
+    COURSE_SIZE=workshop python benchmarks/sweep.py   # on a GPU: ResNet-18/50/152, batch 64 to 16384
+"""
+
+from __future__ import annotations
+
+from course_utils import config, reference
+from course_utils.devices import default_device
+from course_utils.sweep import sweep
+from course_utils.train import device_name
+
+
+def main() -> None:
+    size = config.get_size()
+    results = sweep(size.sweep_models, size.sweep_batch_sizes, steps=size.sweep_steps)
+    print(results.round(1).to_string())
+    rows = [{"size": size.name, **row} for row in results.to_dict("records")]
+    print(f"recorded in {reference.record('sweep', rows, device_name(default_device()))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Model x batch-size sweeps: training speed, peak memory, utilization and power per setting.
+
+Each setting trains on one fixed synthetic batch already on the device (no loader, no
+evaluation), so that what is measured is the model and the batch alone. A setting that does
+not fit in memory is a result, "out of memory", not a crash.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from course_utils import devices, models
+from course_utils.monitor import Monitor
+from course_utils.profiling import NO_RANGES
+from course_utils.train import TrainConfig, next_batch, prepare, train_step
+
+
+
+def _peak_memory_mib(device: torch.device, frame: pd.DataFrame) -> float | None:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return frame["memory_used_mib"].max() if not frame.empty else None  # the process's resident memory
+
+
+def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 2, image_size: int = 32,
+                    monitor_backend: str = "auto", interval: float = 0.2) -> dict:
+    """Train ``model`` at ``batch_size`` for ``warmup`` + ``steps`` iterations and report on the timed ones."""
+    row = {"model": model, "batch_size": batch_size, "status": "ok",
+           "parameters": models.count_parameters(models.build(model, image_size=image_size))}
+    setup = None
+    try:
+        setup = prepare(TrainConfig(model=model, batch_size=batch_size, data="synthetic", train_samples=batch_size,
+                                    test_samples=batch_size, workers=0, image_size=image_size, progress=False))
+        device = setup.device
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        images, labels = next_batch(iter(setup.train_loader), device, NO_RANGES)
+        for _ in range(warmup):
+            train_step(setup, images, labels, NO_RANGES)
+        devices.synchronize(device)
+        with Monitor(monitor_backend, interval) as monitor:
+            monitor.phase("timed")
+            start = time.perf_counter()
+            for _ in range(steps):
+                train_step(setup, images, labels, NO_RANGES)
+            devices.synchronize(device)
+            seconds = time.perf_counter() - start
+        frame = monitor.frame()
+        device_rows = frame[frame["index"] == frame["index"].min()]
+        row.update(images_per_second=steps * batch_size / seconds, step_ms=1000 * seconds / steps,
+                   peak_memory_mib=_peak_memory_mib(device, device_rows),
+                   utilization_percent=device_rows["utilization_percent"].mean(),
+                   power_watts=device_rows["power_watts"].mean(),
+                   power_limit_watts=device_rows["power_limit_watts"].max())
+    except torch.OutOfMemoryError:
+        row["status"] = "out of memory"
+    finally:
+        del setup
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return row
+
+
+def sweep(model_names: Iterable[str], batch_sizes: Iterable[int], steps: int = 10, **options) -> pd.DataFrame:
+    """:func:`measure_setting` for every model and batch size, with a progress bar."""
+    settings = [(m, b) for m in model_names for b in batch_sizes]
+    rows = [measure_setting(m, b, steps, **options) for m, b in tqdm(settings, desc="sweep", unit="setting")]
+    return pd.DataFrame(rows)

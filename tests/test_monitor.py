@@ -1,0 +1,122 @@
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from course_utils.monitor import BackendUnavailable, Monitor, open_backend, parse_nvidia_smi, parse_rocm_smi, summarize
+from course_utils.monitor.views import live, timeline
+
+FIXTURES = Path(__file__).parent / "fixtures" / "monitor"
+
+
+def _fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_nvidia_smi_without_units():
+    first, second = parse_nvidia_smi(_fixture("nvidia-smi_a100_nounits.csv"))
+    assert (first.index, first.name) == (0, "NVIDIA A100-SXM4-40GB")
+    assert (first.utilization_percent, first.memory_used_mib, first.memory_total_mib) == (98, 31245, 40960)
+    assert (first.power_watts, first.power_limit_watts, first.temperature_c, first.clock_mhz) == (287.41, 400, 61, 1410)
+    assert second.index == 1 and second.utilization_percent == 0
+
+
+def test_nvidia_smi_with_units_in_values():
+    (reading,) = parse_nvidia_smi(_fixture("nvidia-smi_units.csv"))
+    assert (reading.utilization_percent, reading.memory_used_mib, reading.power_watts) == (100, 70211, 689.95)
+
+
+def test_nvidia_smi_not_available_values_become_none():
+    mig, geforce = parse_nvidia_smi(_fixture("nvidia-smi_not_supported.csv"))
+    assert mig.utilization_percent is None and mig.memory_used_mib == 13
+    assert geforce.power_limit_watts is None and geforce.power_watts == 9.02
+
+
+def test_rocm_5_mi250x_module_power_sits_on_the_primary_gcd():
+    primary, secondary = parse_rocm_smi(_fixture("rocm-smi_5_mi250x.json"))
+    assert primary.name.startswith("AMD INSTINCT MI250X")
+    assert (primary.utilization_percent, primary.power_watts, primary.power_limit_watts) == (93, 462, 560)
+    assert primary.memory_total_mib == pytest.approx(65520) and primary.clock_mhz == 1700
+    assert primary.temperature_c == 59  # junction, the hottest and the one that throttles
+    assert "GCD 1" in primary.power_note
+    assert secondary.power_watts is None and secondary.power_limit_watts is None
+    assert "secondary" in secondary.power_note and secondary.utilization_percent == 91
+
+
+def test_rocm_6_0_spellings():
+    primary, secondary = parse_rocm_smi(_fixture("rocm-smi_6.0_mi250.json"))
+    assert primary.name == "AMD INSTINCT MI250 (MCM) OAM AC MBA"
+    assert (primary.utilization_percent, primary.power_watts, primary.clock_mhz) == (50, 102, 800)
+    assert primary.memory_used_mib == pytest.approx(51527024640 / 2**20)
+    assert secondary.power_watts is None and secondary.memory_used_mib == pytest.approx(11.125)
+
+
+def test_rocm_6_2_current_socket_power():
+    (reading,) = parse_rocm_smi(_fixture("rocm-smi_6.2_mi300x.json"))
+    assert (reading.power_watts, reading.power_limit_watts, reading.utilization_percent) == (612, 750, 100)
+    assert reading.temperature_c == 52 and reading.power_note == ""
+
+
+def test_rocm_without_power_keys():
+    (reading,) = parse_rocm_smi(_fixture("rocm-smi_6.x_radeon.json"))
+    assert reading.name == "Radeon RX 7900 XT" and reading.power_watts is None
+    assert reading.memory_total_mib == pytest.approx(21458059264 / 2**20)
+
+
+def _on_path(command: str) -> bool:
+    return shutil.which(command) is not None
+
+
+def test_unknown_backend_lists_the_choices():
+    with pytest.raises(ValueError, match="nvml, amdsmi"):
+        open_backend("tpu")
+
+
+@pytest.mark.skipif(_on_path("rocm-smi"), reason="rocm-smi is installed here")
+def test_absent_tool_is_named():
+    with pytest.raises(BackendUnavailable, match="'rocm-smi' is not on PATH"):
+        open_backend("rocm-smi")
+
+
+def test_sampler_yields_samples_with_phases_and_stops_cleanly():
+    threads_before = set(threading.enumerate())
+    with Monitor(backend="cpu", interval=0.05) as monitor:
+        monitor.phase("warm-up")
+        time.sleep(0.3)
+        monitor.phase("epoch 1")
+        sum(i * i for i in range(2_000_000))
+    frame = monitor.frame()
+    assert set(threading.enumerate()) == threads_before
+    assert len(frame) >= 5 and frame["seconds"].is_monotonic_increasing
+    assert {"warm-up", "epoch 1"} <= set(frame["phase"])
+    table = summarize(frame)
+    assert {"warm-up", "epoch 1"} <= set(table["phase"]) and (table["samples"] > 0).all()
+
+
+def test_timeline_plot_and_no_live_view_without_a_person():
+    with Monitor(backend="cpu", interval=0.05) as monitor:
+        monitor.phase("a")
+        time.sleep(0.2)
+        assert live(monitor) is None
+    figure = timeline(monitor.frame())
+    assert len(figure.axes) == 3
+
+
+def test_command_line_once_as_json():
+    result = subprocess.run([sys.executable, "-m", "course_utils.monitor", "--backend", "cpu", "--once", "--json"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    sample = json.loads(result.stdout.strip())
+    assert sample["backend"] == "cpu" and sample["memory_total_mib"] > 0
+
+
+@pytest.mark.skipif(_on_path("nvidia-smi"), reason="nvidia-smi is installed here")
+def test_command_line_refuses_an_absent_backend():
+    result = subprocess.run([sys.executable, "-m", "course_utils.monitor", "--backend", "nvidia-smi", "--once"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "nvidia-smi" in result.stderr
