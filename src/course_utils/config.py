@@ -38,6 +38,7 @@ class Size:
     sweep_models: tuple[str, ...]  # notebook 02's model x batch-size sweep
     sweep_batch_sizes: tuple[int, ...]
     sweep_steps: int
+    progression_epochs: int  # notebook 05: epochs each precision/compilation stage trains
     minutes_per_notebook: int  # what the README's time column promises
 
     def as_dict(self) -> dict:
@@ -65,6 +66,7 @@ SIZES: dict[str, Size] = {
         sweep_models=("small_cnn", "resnet18"),
         sweep_batch_sizes=(16, 64),
         sweep_steps=4,
+        progression_epochs=1,
         minutes_per_notebook=1,
     ),
     "workshop": Size(
@@ -82,6 +84,7 @@ SIZES: dict[str, Size] = {
         sweep_models=("resnet18", "resnet50", "resnet152"),
         sweep_batch_sizes=(64, 256, 1024, 4096, 16384),
         sweep_steps=20,
+        progression_epochs=3,
         minutes_per_notebook=15,
     ),
 }

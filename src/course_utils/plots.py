@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from torchvision.datasets import CIFAR100
 
-from course_utils.metrics import Run
+from course_utils.metrics import Run, load_run
 
 
 def iteration_times(run: Run) -> Figure:
@@ -101,5 +101,30 @@ def phase_split(phases: pd.DataFrame) -> Figure:
         left += row.share_percent
     ax.set(xlim=(0, 100), yticks=[], xlabel="% of the profiled iterations", title="Where the time goes")
     ax.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def progression_losses(table: pd.DataFrame) -> Figure:
+    """The training loss of every progression stage that ran, overlaid: the same training, faster or not."""
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for row in table[table["status"] == "ok"].itertuples():
+        steps = load_run(row.run).steps
+        ax.plot(steps["step"], steps["loss"], label=row.stage, alpha=0.8)
+    ax.set(xlabel="iteration", ylabel="training loss", title="Loss curves of every stage")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def progression_speed(table: pd.DataFrame) -> Figure:
+    """Images per second of every stage that ran, with its speed-up over the fp32 baseline."""
+    ran = table[table["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(ran)))
+    bars = ax.barh(ran["stage"], ran["images_per_second"], color="tab:blue")
+    for bar, speedup in zip(bars, ran["speedup"]):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {speedup:.2f}x", va="center")
+    ax.invert_yaxis()
+    ax.set(xlabel="images per second (steady state)", title="Precision and compilation, stage by stage")
     fig.tight_layout()
     return fig

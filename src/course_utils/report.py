@@ -136,3 +136,23 @@ def holistic_trace_analysis(trace_dir, device_type: str) -> str:
         return analyzer.get_temporal_breakdown(visualize=False).to_string()
     except Exception as error:  # HTA's own failure modes vary by release; report them, do not stop the notebook
         return f"HTA could not analyse {trace_dir}: {error}"
+
+
+def progression_answer(table: pd.DataFrame) -> str:
+    """Markdown: what each precision/compilation stage bought, and whether training stayed the same."""
+    ran = table[table["status"] == "ok"].reset_index(drop=True)
+    lines = []
+    for previous, current in zip(ran.to_dict("records"), ran.iloc[1:].to_dict("records")):
+        gain = current["images_per_second"] / previous["images_per_second"]
+        lines.append(f"- **{current['stage']}**: {gain:.2f}x the stage before "
+                     f"({current['images_per_second']:.0f} vs {previous['images_per_second']:.0f} images/s).")
+    for row in table[table["status"] != "ok"].itertuples():
+        lines.append(f"- **{row.stage}**: {row.status}.")
+    base, best = ran.iloc[0], ran.loc[ran["images_per_second"].idxmax()]
+    lines.append(f"- Fastest: **{best['stage']}** at **{best['speedup']:.2f}x** the fp32 baseline.")
+    loss_spread = ran["final_train_loss"].max() - ran["final_train_loss"].min()
+    top1_spread = ran["test_top1"].max() - ran["test_top1"].min()
+    lines.append(f"- Same training? Final training losses differ by at most **{loss_spread:.3f}** (baseline "
+                 f"{base['final_train_loss']:.3f}) and test top-1 by **{top1_spread:.1f}** points: lower precision "
+                 "changes the rounding, not what is learned.")
+    return "\n".join(lines)

@@ -10,6 +10,7 @@ its ``--out`` folder. Flags left unset take their value from the course size (``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import random
 import statistics
@@ -34,6 +35,8 @@ from course_utils.profiling import Ranges, TraceSchedule, start_trace
 from course_utils.timing import StepClock, images_per_second, warmup_steps
 
 CHECKPOINT_PATH = Path("checkpoints") / "last.pt"
+AMP_DTYPES: dict[str, torch.dtype | None] = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 MONITOR_FILE = "monitor.csv"
 
 
@@ -67,6 +70,10 @@ class TrainConfig:
     input_delay_ms: float = 0.0
     out: str | None = None
     log_every: int | None = None
+    amp: str = "off"
+    channels_last: bool = False
+    fused_optimizer: bool = False
+    compile: str | None = None
     trace: str | None = None
     monitor: str | None = None
     monitor_interval: float = 0.5
@@ -160,9 +167,18 @@ class Setup:
     train_set: torch.utils.data.Dataset
     train_loader: torch.utils.data.DataLoader
     test_loader: torch.utils.data.DataLoader
-    model: nn.Module
+    model: nn.Module  # the module itself: evaluation and checkpoints use it
+    step_model: nn.Module  # what training calls: the model, or its torch.compile'd version
     optimizer: torch.optim.Optimizer
     criterion: nn.Module
+    scaler: torch.amp.GradScaler
+    autocast_dtype: torch.dtype | None  # None: no autocast, full fp32
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Mixed precision for the forward pass where the run asks for it."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
 
 def prepare(cfg: TrainConfig) -> Setup:
@@ -186,31 +202,41 @@ def prepare(cfg: TrainConfig) -> Setup:
                                 delay_seconds=cfg.input_delay_ms / 1000, **loader_options)
     test_loader = build_loader(test_set, min(cfg.batch_size, len(test_set)), shuffle=False, **loader_options)
     model = models.build(cfg.model, num_classes=100, image_size=cfg.image_size).to(device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                                weight_decay=cfg.weight_decay)
-    return Setup(cfg, device, train_set, train_loader, test_loader, model, optimizer, nn.CrossEntropyLoss())
+                                weight_decay=cfg.weight_decay, fused=cfg.fused_optimizer or None)
+    step_model = torch.compile(model, mode=cfg.compile) if cfg.compile else model
+    # fp16 has a narrow range: small gradients underflow to zero unless the loss is scaled up first.
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
+    return Setup(cfg, device, train_set, train_loader, test_loader, model, step_model, optimizer,
+                 nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp])
 
 
 def train_step(setup: Setup, images: torch.Tensor, labels: torch.Tensor, ranges: Ranges) -> torch.Tensor:
     """Forward, backward and update on one batch already on the device; returns the loss."""
-    with ranges("forward"):
-        loss = setup.criterion(setup.model(images), labels)
+    with ranges("forward"), setup.autocast():
+        loss = setup.criterion(setup.step_model(images), labels)
     with ranges("backward"):
         setup.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        setup.scaler.scale(loss).backward()
     with ranges("optimizer_step"):
-        setup.optimizer.step()
+        setup.scaler.step(setup.optimizer)
+        setup.scaler.update()
     return loss
 
 
-def next_batch(iterator: Iterator, device: torch.device, ranges: Ranges) -> tuple[torch.Tensor, torch.Tensor] | None:
+def next_batch(iterator: Iterator, device: torch.device, ranges: Ranges,
+               channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The next batch, copied to ``device``; None at the end of the epoch."""
     with ranges("data"):
         try:
             images, labels = next(iterator)
         except StopIteration:
             return None
-        return images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        return (images.to(device, non_blocking=True, memory_format=memory_format),
+                labels.to(device, non_blocking=True))
 
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
@@ -251,7 +277,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             iterator = iter(setup.train_loader)
             while step < total_steps:
                 fetch_start = time.perf_counter()
-                batch = next_batch(iterator, device, ranges)
+                batch = next_batch(iterator, device, ranges, cfg.channels_last)
                 if batch is None:
                     break
                 interval_data.append(time.perf_counter() - fetch_start)
@@ -292,7 +318,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             eval_start = time.perf_counter()
             if monitor is not None:
                 monitor.phase(f"eval {epoch + 1}")
-            scores = evaluate(model, setup.test_loader, device)
+            with setup.autocast():
+                scores = evaluate(model, setup.test_loader, device)
             record = {"kind": "epoch", "epoch": epoch + 1, "step": step, "steps": epoch_steps,
                       "seconds": epoch_seconds, "eval_seconds": time.perf_counter() - eval_start,
                       "train_loss": (loss_sum / epoch_steps).item(),
@@ -302,7 +329,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                                    "test/loss": scores["test_loss"], "test/top1": scores["test_top1"],
                                    "test/top5": scores["test_top5"]}, epoch + 1)
             save_atomic({"model": model.state_dict(), "optimizer": setup.optimizer.state_dict(),
-                         "scheduler": scheduler.state_dict(), "epoch": epoch + 1, "step": step,
+                         "scheduler": scheduler.state_dict(), "scaler": setup.scaler.state_dict(), "epoch": epoch + 1, "step": step,
                          "config": asdict(cfg)}, out / CHECKPOINT_PATH)
             tqdm.write(f"epoch {epoch + 1}/{epochs_to_run}: {epoch_seconds:.1f} s, train loss "
                        f"{record['train_loss']:.3f}, test top-1 {scores['test_top1']:.1f} %, "
@@ -388,6 +415,13 @@ def build_parser() -> argparse.ArgumentParser:
              "(the LUMI workshop's set-up)")
     add("--train-samples", type=int, help="use only the first N training images")
     add("--test-samples", type=int, help="use only the first N test images")
+    add("--amp", choices=list(AMP_DTYPES), default="off",
+        help="mixed precision: autocast to fp16 (with loss scaling) or bf16; off trains in fp32 (default)")
+    add("--channels-last", action="store_true", help="NHWC memory layout for model and images (faster convolutions "
+        "on tensor cores)")
+    add("--fused-optimizer", action="store_true", help="one fused kernel for the whole SGD update")
+    add("--compile", choices=COMPILE_MODES, help="torch.compile the model in this mode; reduce-overhead adds "
+        "CUDA graphs on GPUs")
     add("--input-delay-ms", type=float, default=0.0,
         help="sleep this long in the loader for every batch: an input-bound run on purpose (default 0)")
     add("--trace", metavar="DIR", help="profile a few iterations with torch.profiler; write DIR/trace.json "
