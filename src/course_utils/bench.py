@@ -73,8 +73,9 @@ def _rate(step: Callable[[], int], steps: int, warmup: int, setup: Setup) -> flo
 def _endless(setup: Setup):
     """Batches on the device, starting a new epoch whenever one ends."""
     while True:
-        iterator = iter(setup.train_loader)
-        while (batch := next_batch(iterator, setup.device, NO_RANGES)) is not None:
+        iterator = iter(setup.loaders.train)
+        while (batch := next_batch(iterator, setup.device, NO_RANGES, setup.cfg.channels_last,
+                                   setup.loaders.train_on_device)) is not None:
             yield batch
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torchvision import datasets
@@ -24,6 +25,7 @@ CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
 NUM_CLASSES = 100
 DATA_SOURCES = ("cifar100", "synthetic", "imagefolder")
+LOADERS = ("torch", "dali", "gpu-aug")
 
 
 def train_transform(image_size: int = 32, augment: bool = True) -> v2.Compose:
@@ -149,3 +151,63 @@ def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: i
         generator=seeded_generator(seed),
         collate_fn=DelayedCollate(delay_seconds) if delay_seconds > 0 else None,
     )
+
+
+@dataclass
+class Loaders:
+    """The training and test loaders of a run, and what the device does to each batch they yield."""
+
+    train: Any
+    test: Any
+    train_on_device: Callable[[torch.Tensor], torch.Tensor] | None = None
+    test_on_device: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def _uint8_spec(spec: DataSpec) -> tuple[Dataset, Dataset]:
+    """The data sets of ``spec`` as uint8 tensors, for loaders that augment elsewhere."""
+    if spec.source != "cifar100":
+        raise ValueError("--loader dali and gpu-aug read CIFAR-100 (--data cifar100)")
+    raw = v2.ToImage()
+    train = VerifiedCIFAR100(spec.root, train=True, transform=raw, prepare_hint=spec.prepare_hint)
+    test = VerifiedCIFAR100(spec.root, train=False, transform=raw, prepare_hint=spec.prepare_hint)
+    return _first(train, spec.train_samples), _first(test, spec.test_samples)
+
+
+def _arrays(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """The HWC uint8 images and labels behind a (subset of a) CIFAR data set."""
+    base, indices = (dataset.dataset, list(dataset.indices)) if isinstance(dataset, Subset) else (dataset, None)
+    images, labels = base.data, np.asarray(base.targets)
+    return (images, labels) if indices is None else (images[indices], labels[indices])
+
+
+def make_loaders(kind: str, spec: DataSpec, batch_size: int, device: torch.device, *, workers: int = 0,
+                 pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
+                 delay_seconds: float = 0.0, shard_id: int = 0, num_shards: int = 1) -> Loaders:
+    """Training and test loaders of ``kind``: ``torch`` (augmentation in the workers), ``dali``
+    (an NVIDIA DALI pipeline) or ``gpu-aug`` (uint8 batches, augmented on the device)."""
+    options = dict(workers=workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
+                   prefetch_factor=prefetch_factor, seed=spec.seed)
+    if kind == "torch":
+        train, test = build_datasets(spec)
+        return Loaders(build_loader(train, batch_size, shuffle=True, drop_last=True, delay_seconds=delay_seconds,
+                                    **options),
+                       build_loader(test, min(batch_size, len(test)), shuffle=False, **options))
+    if kind == "gpu-aug":
+        from course_utils.gpu_augment import BatchAugment
+
+        train, test = _uint8_spec(spec)
+        generator = torch.Generator().manual_seed(spec.seed)
+        return Loaders(build_loader(train, batch_size, shuffle=True, drop_last=True, delay_seconds=delay_seconds,
+                                    **options),
+                       build_loader(test, min(batch_size, len(test)), shuffle=False, **options),
+                       BatchAugment(spec.image_size, spec.augment, generator), BatchAugment(spec.image_size, False))
+    if kind == "dali":
+        from course_utils.dali import DaliLoader
+
+        train, test = (_arrays(split) for split in _uint8_spec(spec))
+        threads = max(1, workers)
+        common = dict(image_size=spec.image_size, seed=spec.seed, threads=threads, device=device,
+                      shard_id=shard_id, num_shards=num_shards)
+        return Loaders(DaliLoader(*train, batch_size, shuffle=True, augment=spec.augment, drop_last=True, **common),
+                       DaliLoader(*test, min(batch_size, len(test[0])), shuffle=False, augment=False, **common))
+    raise ValueError(f"unknown loader {kind!r}; choose one of: {', '.join(LOADERS)}")

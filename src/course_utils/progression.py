@@ -43,7 +43,7 @@ def _probe_rate(model: str, amp: str, device: torch.device) -> float:
     """Images per second of two training steps at batch 16 (after one untimed step)."""
     setup = prepare(TrainConfig(model=model, batch_size=16, data="synthetic", train_samples=16, test_samples=16,
                                 workers=0, amp=amp, progress=False, device=str(device)))
-    images, labels = next_batch(iter(setup.train_loader), setup.device, NO_RANGES)
+    images, labels = next_batch(iter(setup.loaders.train), setup.device, NO_RANGES)
     train_step(setup, images, labels, NO_RANGES)
     devices.synchronize(setup.device)
     start = time.perf_counter()

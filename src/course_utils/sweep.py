@@ -40,7 +40,7 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        images, labels = next_batch(iter(setup.train_loader), device, NO_RANGES)
+        images, labels = next_batch(iter(setup.loaders.train), device, NO_RANGES)
         for _ in range(warmup):
             train_step(setup, images, labels, NO_RANGES)
         devices.synchronize(device)

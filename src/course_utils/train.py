@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from course_utils import config, devices, models
 from course_utils.checkpoint import save_atomic
-from course_utils.data import DATA_SOURCES, DataSpec, build_datasets, build_loader
+from course_utils.data import DATA_SOURCES, LOADERS, DataSpec, Loaders, make_loaders
 from course_utils.metrics import MetricsWriter
 from course_utils.monitor import BACKEND_NAMES, Monitor
 from course_utils.profiling import Ranges, TraceSchedule, start_trace
@@ -57,6 +57,7 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     workers: int | None = None
+    loader: str = "torch"
     pin_memory: bool | None = None
     persistent_workers: bool = False
     prefetch_factor: int | None = None
@@ -116,7 +117,8 @@ def seed_everything(seed: int) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: torch.utils.data.DataLoader, device: torch.device) -> dict[str, float]:
+def evaluate(model: nn.Module, loader: Iterable, device: torch.device,
+             on_device: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
     """Test loss, top-1 and top-5 accuracy in percent."""
     model.eval()
     loss_sum = torch.zeros((), device=device)
@@ -125,7 +127,7 @@ def evaluate(model: nn.Module, loader: torch.utils.data.DataLoader, device: torc
     count = 0
     for images, labels in loader:
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        logits = model(images)
+        logits = model(on_device(images) if on_device is not None else images)
         loss_sum += nn.functional.cross_entropy(logits, labels, reduction="sum")
         best = logits.topk(min(5, logits.shape[1]), dim=1).indices
         hits = best == labels[:, None]
@@ -164,9 +166,7 @@ class Setup:
 
     cfg: TrainConfig
     device: torch.device
-    train_set: torch.utils.data.Dataset
-    train_loader: torch.utils.data.DataLoader
-    test_loader: torch.utils.data.DataLoader
+    loaders: Loaders
     model: nn.Module  # the module itself: evaluation and checkpoints use it
     step_model: nn.Module  # what training calls: the model, or its torch.compile'd version
     optimizer: torch.optim.Optimizer
@@ -194,13 +194,10 @@ def prepare(cfg: TrainConfig) -> Setup:
                     image_size=cfg.image_size, augment=cfg.augment, train_samples=cfg.train_samples,
                     test_samples=cfg.test_samples, seed=cfg.seed,
                     prepare_hint=config.prepare_command(size, cfg.data_dir))
-    train_set, test_set = build_datasets(spec)
     pin_memory = device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory
-    loader_options = dict(workers=cfg.workers, pin_memory=pin_memory, persistent_workers=cfg.persistent_workers,
-                          prefetch_factor=cfg.prefetch_factor, seed=cfg.seed)
-    train_loader = build_loader(train_set, cfg.batch_size, shuffle=True, drop_last=True,
-                                delay_seconds=cfg.input_delay_ms / 1000, **loader_options)
-    test_loader = build_loader(test_set, min(cfg.batch_size, len(test_set)), shuffle=False, **loader_options)
+    loaders = make_loaders(cfg.loader, spec, cfg.batch_size, device, workers=cfg.workers, pin_memory=pin_memory,
+                           persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor,
+                           delay_seconds=cfg.input_delay_ms / 1000)
     model = models.build(cfg.model, num_classes=100, image_size=cfg.image_size).to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -209,7 +206,7 @@ def prepare(cfg: TrainConfig) -> Setup:
     step_model = torch.compile(model, mode=cfg.compile) if cfg.compile else model
     # fp16 has a narrow range: small gradients underflow to zero unless the loss is scaled up first.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
-    return Setup(cfg, device, train_set, train_loader, test_loader, model, step_model, optimizer,
+    return Setup(cfg, device, loaders, model, step_model, optimizer,
                  nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp])
 
 
@@ -226,17 +223,22 @@ def train_step(setup: Setup, images: torch.Tensor, labels: torch.Tensor, ranges:
     return loss
 
 
-def next_batch(iterator: Iterator, device: torch.device, ranges: Ranges,
-               channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The next batch, copied to ``device``; None at the end of the epoch."""
+def next_batch(iterator: Iterator, device: torch.device, ranges: Ranges, channels_last: bool = False,
+               on_device: Callable[[torch.Tensor], torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The next batch on ``device``, through ``on_device`` (augmentation there) if given; None at
+    the end of the epoch."""
     with ranges("data"):
         try:
             images, labels = next(iterator)
         except StopIteration:
             return None
-        memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        return (images.to(device, non_blocking=True, memory_format=memory_format),
-                labels.to(device, non_blocking=True))
+        images = images.to(device, non_blocking=True)
+        if on_device is not None:
+            images = on_device(images)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, labels.to(device, non_blocking=True)
 
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
@@ -244,7 +246,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     setup = prepare(cfg)
     cfg, device, model = setup.cfg, setup.device, setup.model
     out = Path(cfg.out)
-    steps_per_epoch = len(setup.train_loader)
+    steps_per_epoch = len(setup.loaders.train)
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
@@ -274,10 +276,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             epoch_steps = 0
             epoch_start = time.perf_counter()
             clock.start()
-            iterator = iter(setup.train_loader)
+            iterator = iter(setup.loaders.train)
             while step < total_steps:
                 fetch_start = time.perf_counter()
-                batch = next_batch(iterator, device, ranges, cfg.channels_last)
+                batch = next_batch(iterator, device, ranges, cfg.channels_last, setup.loaders.train_on_device)
                 if batch is None:
                     break
                 interval_data.append(time.perf_counter() - fetch_start)
@@ -319,7 +321,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             if monitor is not None:
                 monitor.phase(f"eval {epoch + 1}")
             with setup.autocast():
-                scores = evaluate(model, setup.test_loader, device)
+                scores = evaluate(model, setup.loaders.test, device, setup.loaders.test_on_device)
             record = {"kind": "epoch", "epoch": epoch + 1, "step": step, "steps": epoch_steps,
                       "seconds": epoch_seconds, "eval_seconds": time.perf_counter() - eval_start,
                       "train_loss": (loss_sum / epoch_steps).item(),
@@ -361,7 +363,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         "device": device_name(device),
         "device_type": device.type,
         "parameters": models.count_parameters(model),
-        "train_samples": len(setup.train_set),
+        "train_samples": steps_per_epoch * cfg.batch_size,
         "torch_version": torch.__version__,
         "out": str(out),
         "trace": cfg.trace,
@@ -401,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     add("--weight-decay", type=float, default=5e-4, help="L2 weight decay (default 5e-4)")
     add("--workers", type=int, help="DataLoader worker processes (default: from the size)")
+    add("--loader", choices=LOADERS, default="torch",
+        help="torch: augment in DataLoader workers (default); dali: an NVIDIA DALI pipeline (GPU operators on "
+             "NVIDIA, CPU operators elsewhere); gpu-aug: uint8 batches augmented on the device (the AMD path)")
     add("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
         help="page-locked host batches for faster copies to the GPU (default: on with a GPU)")
     add("--persistent-workers", action="store_true", help="keep DataLoader workers alive between epochs")
@@ -423,7 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--compile", choices=COMPILE_MODES, help="torch.compile the model in this mode; reduce-overhead adds "
         "CUDA graphs on GPUs")
     add("--input-delay-ms", type=float, default=0.0,
-        help="sleep this long in the loader for every batch: an input-bound run on purpose (default 0)")
+        help="sleep this long in the loader for every batch, in its workers: an input-bound run on purpose "
+             "(torch and gpu-aug loaders; default 0)")
     add("--trace", metavar="DIR", help="profile a few iterations with torch.profiler; write DIR/trace.json "
         "(open it in Perfetto), a TensorBoard trace and operator/phase tables")
     add("--monitor", nargs="?", const="auto", choices=BACKEND_NAMES, metavar="BACKEND",

@@ -1,0 +1,91 @@
+"""The three loaders: same data, same semantics, each one trains."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms.v2 import functional as TF
+
+from course_utils import dali
+from course_utils.data import CIFAR100_MEAN, CIFAR100_STD, DataSpec, build_datasets, make_loaders
+from course_utils.gpu_augment import BatchAugment
+from course_utils.metrics import load_run
+from course_utils.train import train
+
+CPU = torch.device("cpu")
+
+
+def _spec(root, augment=False):
+    return DataSpec(root=root, augment=augment, train_samples=96, test_samples=40)
+
+
+def test_dali_and_torch_give_the_same_batches_without_augmentation(tiny_root):
+    torch_loaders = make_loaders("torch", _spec(tiny_root), 16, CPU)
+    dali_loaders = make_loaders("dali", _spec(tiny_root), 16, CPU)
+    torch_test, dali_test = list(torch_loaders.test), list(dali_loaders.test)
+    assert len(dali_loaders.test) == len(torch_test) == 3  # 40 images: two full batches and a partial one
+    for (t_images, t_labels), (d_images, d_labels) in zip(torch_test, dali_test):
+        assert d_images.shape == t_images.shape and d_images.dtype == torch.float32
+        assert d_labels.dtype == torch.int64 and torch.equal(d_labels, t_labels)
+        assert torch.allclose(d_images, t_images, atol=1e-4)
+
+
+def test_dali_training_batches_are_augmented_and_shuffled(tiny_root):
+    loaders = make_loaders("dali", _spec(tiny_root, augment=True), 16, CPU)
+    first, second = [labels for _, labels in loaders.train], [labels for _, labels in loaders.train]
+    assert len(first) == len(loaders.train) == 6 and all(len(labels) == 16 for labels in first)
+    assert not all(torch.equal(a, b) for a, b in zip(first, second))  # a new order every epoch
+    assert sorted(torch.cat(first).tolist()) == sorted(torch.cat(second).tolist())
+
+
+@pytest.mark.parametrize("count,shards", [(100, 4), (10, 3), (7, 2)])
+def test_shards_cover_the_data_exactly_once(count, shards):
+    parts = [dali.shard_order(count, epoch=0, seed=1, shuffle=True, shard_id=s, num_shards=shards)
+             for s in range(shards)]
+    assert len({len(part) for part in parts}) == 1  # every rank runs the same number of steps
+    covered = np.concatenate(parts)
+    assert set(covered) == set(range(count)) and len(covered) - count < shards
+    if count % shards == 0:
+        assert len(covered) == count
+
+
+def test_dali_loader_shards_split_the_labels(tiny_root):
+    labels = [torch.cat([l for _, l in make_loaders("dali", _spec(tiny_root), 8, CPU, shard_id=s, num_shards=2).test])
+              for s in (0, 1)]
+    assert sorted(torch.cat(labels).tolist()) == sorted(build_datasets(_spec(tiny_root))[1].dataset.targets[:40])
+
+
+def test_dali_unavailable_on_rocm_points_to_gpu_aug(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    with pytest.raises(dali.DaliUnavailable, match="gpu-aug"):
+        dali.check_available()
+
+
+def test_gpu_augment_without_augmentation_equals_the_cpu_transform(tiny_root):
+    loaders = make_loaders("gpu-aug", _spec(tiny_root), 16, CPU)
+    reference = make_loaders("torch", _spec(tiny_root), 16, CPU)
+    (raw, labels), (expected, expected_labels) = next(iter(loaders.test)), next(iter(reference.test))
+    assert raw.dtype == torch.uint8 and torch.equal(labels, expected_labels)
+    assert torch.allclose(loaders.test_on_device(raw), expected, atol=1e-6)
+
+
+def test_gpu_augment_crops_and_flips_like_the_cpu_transforms():
+    images = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8)
+    augmented = BatchAugment(32, augment=True, generator=torch.Generator().manual_seed(3))(images)
+    pad = 4
+    for image, result in zip(images, augmented):
+        padded = TF.pad(TF.to_dtype(image, torch.float32, scale=True), [pad])
+        candidates = [TF.crop(padded, top, left, 32, 32) for top, left in itertools.product(range(2 * pad + 1), repeat=2)]
+        candidates += [TF.horizontal_flip(c) for c in candidates]
+        normalized = [TF.normalize(c, list(CIFAR100_MEAN), list(CIFAR100_STD)) for c in candidates]
+        assert any(torch.allclose(result, c, atol=1e-6) for c in normalized)
+    assert not torch.allclose(augmented, BatchAugment(32, augment=False)(images))
+
+
+@pytest.mark.parametrize("loader", ["dali", "gpu-aug"])
+def test_each_loader_trains(quick, tmp_path, loader):
+    summary = train(**{**quick, "out": str(tmp_path), "loader": loader, "epochs": 3})
+    losses = load_run(tmp_path).steps["loss"]
+    assert losses.iloc[-2:].mean() < losses.iloc[:2].mean() - 0.05
+    assert summary["config"]["loader"] == loader
