@@ -89,3 +89,12 @@ def test_each_loader_trains(quick, tmp_path, loader):
     losses = load_run(tmp_path).steps["loss"]
     assert losses.iloc[-2:].mean() < losses.iloc[:2].mean() - 0.05
     assert summary["config"]["loader"] == loader
+
+
+@pytest.mark.timeout(180)
+def test_worker_processes_forked_after_dali_do_not_hang(quick, tmp_path):
+    # A DALI pipeline left to the garbage collector used to be inherited by DataLoader workers forked
+    # later, whose collector then waited forever for DALI's threads. Alternate the two a few times.
+    for round_ in range(3):
+        train(**{**quick, "out": str(tmp_path / f"dali{round_}"), "loader": "dali", "epochs": 1})
+        train(**{**quick, "out": str(tmp_path / f"torch{round_}"), "loader": "torch", "workers": 2, "epochs": 1})

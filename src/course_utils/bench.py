@@ -11,6 +11,9 @@ well below SYNTHETIC, the input pipeline cannot feed the model: input-bound. If 
 lower one, the model is the limit: compute-bound. FULL shows what training actually gets.
 
     python -m course_utils.bench [train flags] [--steps 30] [--warmup 5] [--json]
+
+It also sweeps the DataLoader's knobs (workers, pinned memory, persistent workers, prefetch) and
+compares the loaders (torch, DALI, GPU augmentation) through the same triage.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
+
+import pandas as pd
+from tqdm.auto import tqdm
 
 from course_utils import devices
 from course_utils.profiling import NO_RANGES
@@ -109,7 +115,11 @@ def measure(setup: Setup, steps: int = 30, warmup: int = 5) -> Triage:
 def triage(steps: int = 30, warmup: int = 5, **options) -> Triage:
     """Triage from a notebook: ``triage(workers=0, input_delay_ms=50)`` takes the training options."""
     options.setdefault("progress", False)
-    return measure(prepare(TrainConfig(**options)), steps, warmup)
+    setup = prepare(TrainConfig(**options))
+    try:
+        return measure(setup, steps, warmup)
+    finally:
+        setup.loaders.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     steps, warmup, as_json = args.pop("steps"), args.pop("warmup"), args.pop("json")
     try:
-        result = measure(prepare(TrainConfig(**args)), steps, warmup)
+        result = triage(steps, warmup, **args)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -136,3 +146,63 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def epochs_io(setup: Setup, epochs: int = 2) -> float:
+    """Images per second of whole passes over the training loader (batches copied to the device),
+    iterator start included: this is where worker start-up and persistent workers show."""
+    images = 0
+    devices.synchronize(setup.device)
+    start = time.perf_counter()
+    for _ in range(epochs):
+        iterator = iter(setup.loaders.train)
+        while (batch := next_batch(iterator, setup.device, NO_RANGES, False,
+                                   setup.loaders.train_on_device)) is not None:
+            images += len(batch[1])
+    devices.synchronize(setup.device)
+    return images / (time.perf_counter() - start)
+
+
+def loader_settings(workers: tuple[int, ...], gpu: bool) -> list[dict]:
+    """Every combination of the DataLoader knobs, leaving out those that mean nothing here: prefetch
+    and persistence without workers, pinned memory without a GPU to copy to."""
+    pins = (False, True) if gpu else (False,)
+    settings = [{"workers": 0, "pin_memory": pin, "persistent_workers": False, "prefetch_factor": None}
+                for pin in pins]
+    settings += [{"workers": w, "pin_memory": pin, "persistent_workers": persistent, "prefetch_factor": prefetch}
+                 for w in workers if w > 0 for pin in pins for persistent in (False, True) for prefetch in (2, 4)]
+    return settings
+
+
+def loader_sweep(workers: tuple[int, ...], steps_per_epoch: int = 8, epochs: int = 2, **options) -> pd.DataFrame:
+    """Input-pipeline throughput (:func:`epochs_io`) for every setting of :func:`loader_settings`."""
+    options.setdefault("progress", False)
+    rows = []
+    gpu = devices.default_device().type == "cuda"
+    for setting in tqdm(loader_settings(workers, gpu), desc="loader settings", unit="setting"):
+        cfg = TrainConfig(**{**options, **setting}).resolved()
+        setup = prepare(TrainConfig(**{**asdict(cfg), "train_samples": cfg.batch_size * steps_per_epoch}))
+        rows.append({**setting, "images_per_second": epochs_io(setup, epochs)})
+        setup.loaders.close()
+    return pd.DataFrame(rows)
+
+
+def recommend(table: pd.DataFrame, within: float = 0.95) -> dict:
+    """The cheapest setting (fewest workers) within ``within`` of the fastest one."""
+    good = table[table["images_per_second"] >= within * table["images_per_second"].max()]
+    return good.sort_values(["workers", "images_per_second"], ascending=[True, False]).iloc[0].to_dict()
+
+
+def compare_loaders(loaders: tuple[str, ...] = ("torch", "dali", "gpu-aug"), steps: int = 30, warmup: int = 5,
+                    **options) -> pd.DataFrame:
+    """IO, SYNTHETIC and FULL for each loader; a loader that cannot run here says why."""
+    rows = []
+    for loader in loaders:
+        try:
+            result = triage(steps, warmup, loader=loader, **options)
+        except RuntimeError as error:  # DaliUnavailable and device errors name their reason
+            rows.append({"loader": loader, "verdict": f"not available: {error}"})
+            continue
+        rows.append({"loader": loader, "io": result.io, "synthetic": result.synthetic, "full": result.full,
+                     "full_over_synthetic": result.full / result.synthetic, "verdict": result.verdict})
+    return pd.DataFrame(rows)

@@ -39,6 +39,7 @@ class Size:
     sweep_batch_sizes: tuple[int, ...]
     sweep_steps: int
     progression_epochs: int  # notebook 05: epochs each precision/compilation stage trains
+    loader_workers: tuple[int, ...]  # notebook 04: worker counts of the DataLoader sweep
     minutes_per_notebook: int  # what the README's time column promises
 
     def as_dict(self) -> dict:
@@ -67,6 +68,7 @@ SIZES: dict[str, Size] = {
         sweep_batch_sizes=(16, 64),
         sweep_steps=4,
         progression_epochs=1,
+        loader_workers=(1, 2),
         minutes_per_notebook=1,
     ),
     "workshop": Size(
@@ -85,6 +87,7 @@ SIZES: dict[str, Size] = {
         sweep_batch_sizes=(64, 256, 1024, 4096, 16384),
         sweep_steps=20,
         progression_epochs=3,
+        loader_workers=(1, 2, 4, 7),
         minutes_per_notebook=15,
     ),
 }

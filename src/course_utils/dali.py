@@ -10,6 +10,7 @@ Sharding (``shard_id`` / ``num_shards``) follows ``DistributedSampler``: each sh
 
 from __future__ import annotations
 
+import gc
 import math
 import platform
 from typing import Iterator
@@ -47,6 +48,24 @@ def shard_order(count: int, epoch: int, seed: int, shuffle: bool, shard_id: int,
     return order[shard_id:total:num_shards]
 
 
+class _EpochSource:
+    """DALI's external source: the batches of one shard, in a new order every epoch."""
+
+    def __init__(self, loader: DaliLoader) -> None:
+        self.images, self.labels = loader.images, loader.labels
+        self.batch_size, self.drop_last = loader.batch_size, loader.drop_last
+        self.order_args = dict(seed=loader.seed, shuffle=loader.shuffle, shard_id=loader.shard_id,
+                               num_shards=loader.num_shards)
+
+    def __call__(self, info) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        order = shard_order(len(self.images), info.epoch_idx, **self.order_args)
+        start = info.iteration * self.batch_size
+        picked = order[start:start + self.batch_size]
+        if len(picked) == 0 or (self.drop_last and len(picked) < self.batch_size):
+            raise StopIteration
+        return [self.images[i] for i in picked], [self.labels[i:i + 1] for i in picked]
+
+
 class DaliLoader:
     """Batches of normalised float images (``B x 3 x S x S``) and int64 labels from DALI."""
 
@@ -68,32 +87,25 @@ class DaliLoader:
         full, rest = divmod(self.shard_size, self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
 
-    def _source(self, info) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        order = shard_order(len(self.images), info.epoch_idx, self.seed, self.shuffle, self.shard_id, self.num_shards)
-        start = info.iteration * self.batch_size
-        picked = order[start:start + self.batch_size]
-        if len(picked) == 0 or (self.drop_last and len(picked) < self.batch_size):
-            raise StopIteration
-        return [self.images[i] for i in picked], [self.labels[i:i + 1] for i in picked]
-
     def _build(self, threads: int):
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         on_gpu = self.device.type == "cuda"
         size, pad, native = self.image_size, self.image_size // 8, self.images.shape[2]
+        source, augment = _EpochSource(self), self.augment  # the graph holds no reference back to the loader
 
         @pipeline_def(batch_size=self.batch_size, num_threads=threads, seed=self.seed,
                       device_id=(self.device.index or 0) if on_gpu else None)
         def pipeline():
-            images, labels = fn.external_source(source=self._source, num_outputs=2, batch=True, batch_info=True,
+            images, labels = fn.external_source(source=source, num_outputs=2, batch=True, batch_info=True,
                                                 layout=["HWC", ""])
             if on_gpu:
                 images = images.gpu()
             if size != native:
                 images = fn.resize(images, resize_x=size, resize_y=size)
             mirror = 0
-            if self.augment:
+            if augment:
                 anchor = fn.random.uniform(range=(-pad, pad + 1), shape=2, dtype=types.INT32)
                 images = fn.slice(images, start=anchor, shape=[size, size], axes=[0, 1],
                                   out_of_bounds_policy="pad", fill_values=0)
@@ -105,6 +117,16 @@ class DaliLoader:
 
         policy = LastBatchPolicy.DROP if self.drop_last else LastBatchPolicy.PARTIAL
         return DALIGenericIterator([pipeline()], ["images", "labels"], auto_reset=True, last_batch_policy=policy)
+
+    def close(self) -> None:
+        """Shut the pipeline's threads down now.
+
+        A DALI pipeline left for the garbage collector can be inherited by DataLoader worker
+        processes forked later, whose collector then waits forever for threads they do not have.
+        """
+        if self._iterator is not None:
+            self._iterator = None
+            gc.collect()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for (batch,) in self._iterator:

@@ -162,6 +162,12 @@ class Loaders:
     train_on_device: Callable[[torch.Tensor], torch.Tensor] | None = None
     test_on_device: Callable[[torch.Tensor], torch.Tensor] | None = None
 
+    def close(self) -> None:
+        """Release what the loaders hold beyond memory (DALI's pipeline threads)."""
+        for loader in (self.train, self.test):
+            if hasattr(loader, "close"):
+                loader.close()
+
 
 def _uint8_spec(spec: DataSpec) -> tuple[Dataset, Dataset]:
     """The data sets of ``spec`` as uint8 tensors, for loaders that augment elsewhere."""

@@ -19,14 +19,14 @@ SUMMARY_FILE = "summary.json"
 TENSORBOARD_DIR = "tensorboard"
 
 
-def _finite(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON has no NaN or Infinity; write None instead so every reader can parse the file."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -51,7 +51,7 @@ class MetricsWriter:
     def record(self, record: dict[str, Any], scalars: dict[str, float] | None = None, step: int = 0) -> None:
         if not self.enabled:
             return
-        self._stream.write(json.dumps(_finite(record)) + "\n")
+        self._stream.write(json.dumps(json_safe(record)) + "\n")
         self._stream.flush()
         for tag, value in (scalars or {}).items():
             if value is not None and math.isfinite(value):
@@ -59,7 +59,7 @@ class MetricsWriter:
 
     def summary(self, summary: dict[str, Any]) -> None:
         if self.enabled:
-            (self.out_dir / SUMMARY_FILE).write_text(json.dumps(_finite(summary), indent=2) + "\n")
+            (self.out_dir / SUMMARY_FILE).write_text(json.dumps(json_safe(summary), indent=2) + "\n")
 
     def close(self) -> None:
         if self.enabled:

@@ -128,3 +128,36 @@ def progression_speed(table: pd.DataFrame) -> Figure:
     ax.set(xlabel="images per second (steady state)", title="Precision and compilation, stage by stage")
     fig.tight_layout()
     return fig
+
+
+def triage(table: pd.DataFrame) -> Figure:
+    """IO, SYNTHETIC and FULL images/s side by side, one group per row of ``table`` (its "loader" or "case")."""
+    ran = table.dropna(subset=["full"])
+    label = "loader" if "loader" in ran else "case"
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    width = 0.27
+    for offset, (column, name) in enumerate((("io", "IO only"), ("synthetic", "SYNTHETIC (model only)"),
+                                             ("full", "FULL (training)"))):
+        positions = [i + (offset - 1) * width for i in range(len(ran))]
+        ax.bar(positions, ran[column], width, label=name)
+    ax.set_xticks(range(len(ran)), ran[label])
+    ax.set(ylabel="images per second", title="Input pipeline against model", yscale="log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def loader_sweep(table: pd.DataFrame) -> Figure:
+    """Input-pipeline throughput against worker count, one line per combination of the other knobs."""
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    knobs = ["pin_memory", "persistent_workers", "prefetch_factor"]
+    for values, rows in table[table["workers"] > 0].groupby(knobs):
+        label = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in zip(knobs, values))
+        ax.plot(rows["workers"], rows["images_per_second"], "o-", label=label, alpha=0.8)
+    for row in table[table["workers"] == 0].itertuples():
+        ax.axhline(row.images_per_second, ls=":", color="0.4", label=f"no workers, pin_memory={row.pin_memory}")
+    ax.set(xlabel="DataLoader workers", ylabel="images per second (loader only)", title="DataLoader settings")
+    ax.set_xticks(sorted(table["workers"].unique()))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from course_utils.config import checkout_root
+from course_utils.metrics import json_safe
 
 
 def results_dir() -> Path:
@@ -63,5 +64,5 @@ def record(benchmark: str, rows: list[dict], device: str) -> Path:
         "rows": rows,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(json_safe(result), indent=2) + "\n")
     return path

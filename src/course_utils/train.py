@@ -339,6 +339,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     finally:
         bar.close()
         writer.close()
+        setup.loaders.close()
         if profiler is not None:
             profiler.stop()
         if monitor is not None:
