@@ -8,7 +8,6 @@ as "not available on <device>: <reason>" and is left out of the stages after it.
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import torch
 
 from course_utils import devices
 from course_utils.config import get_size
-from course_utils.profiling import NO_RANGES
-from course_utils.train import TrainConfig, next_batch, prepare, train, train_step
+from course_utils.sweep import measure_setting
+from course_utils.train import train
 
 
 @dataclass(frozen=True)
@@ -39,23 +38,10 @@ STAGES = (
 SLOWDOWN_LIMIT = 3.0  # a precision this much slower than fp32 is no use here
 
 
-def _probe_rate(model: str, amp: str, device: torch.device) -> float:
-    """Images per second of two training steps at batch 16 (after one untimed step)."""
-    setup = prepare(TrainConfig(model=model, batch_size=16, data="synthetic", train_samples=16, test_samples=16,
-                                workers=0, amp=amp, progress=False, device=str(device)))
-    images, labels = next_batch(iter(setup.loaders.train), setup.device, NO_RANGES)
-    train_step(setup, images, labels, NO_RANGES)
-    devices.synchronize(setup.device)
-    start = time.perf_counter()
-    for _ in range(2):
-        train_step(setup, images, labels, NO_RANGES)
-    devices.synchronize(setup.device)
-    return 32 / (time.perf_counter() - start)
-
-
 def _fp16_probe(device: torch.device, model: str) -> str | None:
     """On a CPU, time a few fp16 steps against fp32: CPUs rarely have fast half-precision kernels."""
-    fp32, fp16 = _probe_rate(model, "off", device), _probe_rate(model, "fp16", device)
+    fp32, fp16 = (measure_setting(model, 16, steps=2, warmup=1, monitor_backend="cpu", amp=amp,
+                                  device=str(device))["images_per_second"] for amp in ("off", "fp16"))
     if fp16 * SLOWDOWN_LIMIT < fp32:
         return (f"fp16 runs, but {fp32 / fp16:.0f}x slower than fp32 here ({fp16:.0f} vs {fp32:.0f} images/s in a "
                 f"probe): no fast half-precision kernels on this processor")

@@ -28,14 +28,18 @@ def _peak_memory_mib(device: torch.device, frame: pd.DataFrame) -> float | None:
 
 
 def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 2, image_size: int = 32,
-                    monitor_backend: str = "auto", interval: float = 0.2) -> dict:
-    """Train ``model`` at ``batch_size`` for ``warmup`` + ``steps`` iterations and report on the timed ones."""
+                    monitor_backend: str = "auto", interval: float = 0.2, **train_options) -> dict:
+    """Train ``model`` at ``batch_size`` for ``warmup`` + ``steps`` iterations and report on the timed ones.
+
+    ``train_options`` (``amp="bf16"``, ``channels_last=True``, ...) go to the training set-up.
+    """
     row = {"model": model, "batch_size": batch_size, "status": "ok",
            "parameters": models.count_parameters(models.build(model, image_size=image_size))}
     setup = None
     try:
         setup = prepare(TrainConfig(model=model, batch_size=batch_size, data="synthetic", train_samples=batch_size,
-                                    test_samples=batch_size, workers=0, image_size=image_size, progress=False))
+                                    test_samples=batch_size, workers=0, image_size=image_size, progress=False,
+                                    **train_options))
         device = setup.device
         if device.type == "cuda":
             torch.cuda.empty_cache()
