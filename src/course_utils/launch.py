@@ -1,0 +1,100 @@
+"""Start torchrun from a notebook cell, stream its output as it comes, end it cleanly.
+
+    result = launch(2, "course_utils.train", "--max-steps", "20")
+    result.returncode, result.rank_logs[1]
+
+Every rank's output reaches the cell prefixed with its rank (torchrun's ``--tee``) and is kept per
+rank under ``log_dir``. On failure the tail of each rank's log is printed. Interrupting the cell
+(or passing ``timeout_seconds``) ends the whole process group, so no rank is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TAIL_LINES = 20
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    lines: list[str] = field(default_factory=list)  # everything torchrun printed, in order
+    rank_logs: dict[int, str] = field(default_factory=dict)  # rank -> its stdout and stderr
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def torchrun_command(nproc: int, module: str, args: tuple[str, ...], log_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "--tee=3", f"--log-dir={log_dir}", "-m", module, *args]
+
+
+def _rank_logs(log_dir: Path) -> dict[int, str]:
+    """torchrun keeps each rank's output under ``log_dir/<run>/attempt_<n>/<rank>/std{out,err}.log``."""
+    logs: dict[int, str] = {}
+    for path in sorted(log_dir.rglob("std*.log")):
+        rank = int(path.parent.name)
+        logs[rank] = logs.get(rank, "") + path.read_text(errors="replace")
+    return logs
+
+
+def _end_group(process: subprocess.Popen, grace_seconds: float = 10.0) -> None:
+    """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_seconds``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=grace_seconds)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _forward(stream, lines: list[str], echo: bool) -> None:
+    for line in stream:
+        lines.append(line.rstrip("\n"))
+        if echo:
+            print(line, end="", flush=True)
+
+
+def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
+           timeout_seconds: float | None = None, echo: bool = True) -> LaunchResult:
+    """Run ``torchrun --standalone --nproc-per-node nproc -m module args...`` and wait for it."""
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="torchrun-"))
+    command = torchrun_command(nproc, module, args, log_dir)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                               start_new_session=True)  # its own process group, to end it as a whole
+    result = LaunchResult(returncode=-1)
+    # A thread forwards the output, so that the wait below can time out even while the ranks are silent.
+    reader = threading.Thread(target=_forward, args=(process.stdout, result.lines, echo), daemon=True)
+    reader.start()
+    try:
+        result.returncode = process.wait(timeout=timeout_seconds)
+    except subprocess.TimeoutExpired:
+        _end_group(process)
+        raise TimeoutError(f"torchrun ran past {timeout_seconds} s; every rank was ended") from None
+    except KeyboardInterrupt:
+        _end_group(process)
+        raise
+    finally:
+        if process.poll() is None:
+            _end_group(process)
+        reader.join(timeout=10)
+        process.stdout.close()
+    result.rank_logs = _rank_logs(log_dir)
+    if not result.ok and echo:
+        for rank, text in sorted(result.rank_logs.items()):
+            tail = "\n".join(text.splitlines()[-TAIL_LINES:])
+            print(f"--- rank {rank}: last {TAIL_LINES} lines of its log ---\n{tail}", file=sys.stderr)
+    return result

@@ -1,0 +1,40 @@
+import time
+
+import psutil
+import pytest
+
+from course_utils.launch import launch
+
+
+def test_streams_every_rank_and_returns_the_exit_code(tmp_path, capsys):
+    result = launch(2, "course_utils.distributed", log_dir=tmp_path)
+    assert result.ok and result.returncode == 0
+    streamed = capsys.readouterr().out
+    assert "[default0]:[rank 0/2]" in streamed and "[default1]:[rank 1/2]" in streamed
+    assert sorted(result.rank_logs) == [0, 1] and "ok (backend gloo" in result.rank_logs[1]
+
+
+def test_failure_shows_the_tail_of_each_rank_log(tmp_path, capsys):
+    result = launch(2, "course_utils.no_such_module", log_dir=tmp_path)
+    assert not result.ok
+    err = capsys.readouterr().err
+    assert "--- rank 0:" in err and "--- rank 1:" in err and "No module named" in err
+
+
+def _survivors(marker: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if any(marker in part for part in process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def test_timeout_ends_the_whole_group(tmp_path):
+    marker = str(tmp_path)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        # timeit with a huge count keeps both ranks busy until they are ended
+        launch(2, "timeit", "-n", "1000000000", "pass", log_dir=tmp_path, timeout_seconds=3, echo=False)
+    assert time.monotonic() - start < 60
+    time.sleep(1)
+    assert _survivors(marker) == []
