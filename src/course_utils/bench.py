@@ -18,7 +18,6 @@ compares the loaders (torch, DALI, GPU augmentation) through the same triage.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -76,13 +75,18 @@ def _rate(step: Callable[[], int], steps: int, warmup: int, setup: Setup) -> flo
     return images / (time.perf_counter() - start)
 
 
+def _epoch(setup: Setup):
+    """One pass over the training loader, each batch on the device as training would see it."""
+    iterator = iter(setup.loaders.train)
+    while (batch := next_batch(iterator, setup.device, NO_RANGES, setup.cfg.channels_last,
+                               setup.loaders.train_on_device)) is not None:
+        yield batch
+
+
 def _endless(setup: Setup):
     """Batches on the device, starting a new epoch whenever one ends."""
     while True:
-        iterator = iter(setup.loaders.train)
-        while (batch := next_batch(iterator, setup.device, NO_RANGES, setup.cfg.channels_last,
-                                   setup.loaders.train_on_device)) is not None:
-            yield batch
+        yield from _epoch(setup)
 
 
 def measure(setup: Setup, steps: int = 30, warmup: int = 5) -> Triage:
@@ -155,10 +159,7 @@ def epochs_io(setup: Setup, epochs: int = 2) -> float:
     devices.synchronize(setup.device)
     start = time.perf_counter()
     for _ in range(epochs):
-        iterator = iter(setup.loaders.train)
-        while (batch := next_batch(iterator, setup.device, NO_RANGES, False,
-                                   setup.loaders.train_on_device)) is not None:
-            images += len(batch[1])
+        images += sum(len(labels) for _, labels in _epoch(setup))
     devices.synchronize(setup.device)
     return images / (time.perf_counter() - start)
 

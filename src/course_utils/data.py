@@ -132,7 +132,7 @@ def seeded_generator(seed: int) -> torch.Generator:
 def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False,
                  prefetch_factor: int | None = None, drop_last: bool = False, seed: int = 0,
-                 sampler: torch.utils.data.Sampler | None = None, delay_seconds: float = 0.0) -> DataLoader:
+                 delay_seconds: float = 0.0) -> DataLoader:
     """A DataLoader with the knobs the course measures; shuffling is seeded, so runs repeat."""
     if batch_size > len(dataset):
         raise ValueError(
@@ -141,8 +141,7 @@ def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: i
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=shuffle if sampler is None else False,
-        sampler=sampler,
+        shuffle=shuffle,
         num_workers=workers,
         pin_memory=pin_memory,
         persistent_workers=persistent_workers and workers > 0,

@@ -37,6 +37,10 @@ class Monitor:
         self._start = time.perf_counter()
 
     @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    @property
     def backend_name(self) -> str:
         return self.backend.name
 

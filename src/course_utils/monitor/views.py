@@ -72,7 +72,7 @@ def live(monitor: Monitor, refresh: float = 1.0):
     display(widget)
 
     def refresh_loop() -> None:
-        while monitor._thread is not None:
+        while monitor.running:
             frame = monitor.frame()
             if not frame.empty:
                 latest = frame[frame["seconds"] == frame["seconds"].max()]
