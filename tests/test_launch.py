@@ -1,3 +1,6 @@
+import os
+import signal
+import threading
 import time
 
 import psutil
@@ -38,3 +41,22 @@ def test_timeout_ends_the_whole_group(tmp_path):
     assert time.monotonic() - start < 60
     time.sleep(1)
     assert _survivors(marker) == []
+
+
+def test_interrupting_the_cell_ends_the_whole_group(tmp_path):
+    """Jupyter's interrupt is a SIGINT to the kernel: launch must take every rank down with it."""
+    marker = str(tmp_path)
+    threading.Timer(3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        launch(2, "timeit", "-n", "1000000000", "pass", log_dir=tmp_path, echo=False)
+    time.sleep(1)
+    assert _survivors(marker) == []
+
+
+def test_the_training_summary_comes_back_per_rank(tiny_root, tmp_path):
+    out = tmp_path / "run"
+    result = launch(2, "course_utils.train", "--distributed", "ddp", "--size", "ci", "--data-dir", str(tiny_root),
+                    "--max-steps", "3", "--batch-size", "8", "--train-samples", "64", "--test-samples", "16",
+                    "--workers", "0", "--no-progress", f"--out={out}", log_dir=tmp_path / "logs", echo=False)
+    assert result.ok and result.summary["world_size"] == 2
+    assert list(result.per_rank["steps"]) == [3, 3]

@@ -50,10 +50,12 @@ def test_shards_cover_the_data_exactly_once(count, shards):
         assert len(covered) == count
 
 
-def test_dali_loader_shards_split_the_labels(tiny_root):
-    labels = [torch.cat([l for _, l in make_loaders("dali", _spec(tiny_root), 8, CPU, shard_id=s, num_shards=2).test])
-              for s in (0, 1)]
-    assert sorted(torch.cat(labels).tolist()) == sorted(build_datasets(_spec(tiny_root))[1].dataset.targets[:40])
+@pytest.mark.parametrize("kind", ["dali", "torch"])
+def test_training_shards_split_the_labels(tiny_root, kind):
+    shards = [make_loaders(kind, _spec(tiny_root), 8, CPU, shard_id=s, num_shards=2) for s in (0, 1)]
+    labels = [torch.cat([l for _, l in loaders.train]) for loaders in shards]
+    assert len(labels[0]) == len(labels[1]) == 48
+    assert sorted(torch.cat(labels).tolist()) == sorted(build_datasets(_spec(tiny_root))[0].dataset.targets[:96])
 
 
 def test_dali_unavailable_on_rocm_points_to_gpu_aug(monkeypatch):

@@ -65,7 +65,8 @@ def test_loss_falls_and_accuracy_beats_chance_at_the_ci_size(tiny_root, tmp_path
                     progress=False, device="cpu")
     run = load_run(tmp_path)
     assert run.steps["loss"].iloc[-3:].mean() < run.steps["loss"].iloc[:3].mean() - 0.3
-    assert summary["test_top5"] > 5 * 5.0  # five times chance for top-5
+    # Chance is 5 % top-5: 10 of 200 images, give or take 3. Three times that is far outside luck.
+    assert summary["test_top5"] > 3 * 5.0
     assert summary["config"]["epochs"] == size.epochs
 
 

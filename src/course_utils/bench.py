@@ -101,14 +101,14 @@ def measure(setup: Setup, steps: int = 30, warmup: int = 5) -> Triage:
     fixed_images, fixed_labels = next(batches)
 
     def synthetic_step() -> int:
-        train_step(setup, fixed_images, fixed_labels, NO_RANGES)
+        train_step(setup, [(fixed_images, fixed_labels)], NO_RANGES)
         return len(fixed_labels)
 
     synthetic = _rate(synthetic_step, steps, warmup, setup)
 
     def full_step() -> int:
         images, labels = next(batches)
-        train_step(setup, images, labels, NO_RANGES)
+        train_step(setup, [(images, labels)], NO_RANGES)
         return len(labels)
 
     full = _rate(full_step, steps, warmup, setup)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset, default_collate
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
 from torchvision import datasets
 from torchvision.transforms import v2
 
@@ -129,25 +129,49 @@ def seeded_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def shard_sampler(dataset: Dataset, shard_id: int = 0, num_shards: int = 1, seed: int = 0) -> DistributedSampler:
+    """The shuffled share of ``dataset`` that shard (rank) ``shard_id`` of ``num_shards`` reads.
+
+    All shards draw one permutation per epoch (call ``set_epoch``) and shard r takes every
+    ``num_shards``-th index from r on; the tail that does not divide evenly is dropped. A single
+    process uses the same sampler with one shard, so its batch k of size N*B holds exactly the
+    samples of batch k of size B on the N ranks of a DDP run.
+    """
+    return DistributedSampler(dataset, num_replicas=num_shards, rank=shard_id, shuffle=True, seed=seed,
+                              drop_last=True)
+
+
 def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False,
                  prefetch_factor: int | None = None, drop_last: bool = False, seed: int = 0,
-                 delay_seconds: float = 0.0) -> DataLoader:
-    """A DataLoader with the knobs the course measures; shuffling is seeded, so runs repeat."""
-    if batch_size > len(dataset):
+                 delay_seconds: float = 0.0, shard_id: int = 0, num_shards: int = 1) -> DataLoader:
+    """A DataLoader with the knobs the course measures, reading shard ``shard_id`` of ``num_shards``.
+
+    Shuffled loaders use :func:`shard_sampler`; unshuffled ones (evaluation) read every
+    ``num_shards``-th sample, so the shards cover the data exactly once. Runs repeat: the order
+    comes from ``seed`` and the epoch, the augmentation from ``seed`` and the shard.
+    """
+    if shuffle:
+        sampler = shard_sampler(dataset, shard_id, num_shards, seed)
+        available = len(sampler)
+    else:
+        dataset = Subset(dataset, range(shard_id, len(dataset), num_shards)) if num_shards > 1 else dataset
+        sampler, available = None, len(dataset)
+    if batch_size > available:
+        share = f" ({num_shards} ranks share {len(dataset)} samples)" if num_shards > 1 and shuffle else ""
         raise ValueError(
-            f"batch size {batch_size} is larger than the data set ({len(dataset)} samples); "
+            f"batch size {batch_size} is larger than the data each process reads: {available} samples{share}; "
             f"lower --batch-size or use more samples")
     return DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=shuffle,
+        sampler=sampler,
         num_workers=workers,
         pin_memory=pin_memory,
         persistent_workers=persistent_workers and workers > 0,
         prefetch_factor=prefetch_factor if workers > 0 else None,
         drop_last=drop_last,
-        generator=seeded_generator(seed),
+        generator=seeded_generator(seed * 1_000 + shard_id),
         collate_fn=DelayedCollate(delay_seconds) if delay_seconds > 0 else None,
     )
 
@@ -160,6 +184,13 @@ class Loaders:
     test: Any
     train_on_device: Callable[[torch.Tensor], torch.Tensor] | None = None
     test_on_device: Callable[[torch.Tensor], torch.Tensor] | None = None
+    test_sharded: bool = False  # each rank evaluates its share: the scores are summed over ranks
+
+    def set_epoch(self, epoch: int) -> None:
+        """A new shuffle for ``epoch``, the same on every rank (DALI reshuffles by itself)."""
+        sampler = getattr(self.train, "sampler", None)
+        if isinstance(sampler, DistributedSampler):
+            sampler.set_epoch(epoch)
 
     def close(self) -> None:
         """Release what the loaders hold beyond memory (DALI's pipeline threads)."""
@@ -191,28 +222,28 @@ def make_loaders(kind: str, spec: DataSpec, batch_size: int, device: torch.devic
     """Training and test loaders of ``kind``: ``torch`` (augmentation in the workers), ``dali``
     (an NVIDIA DALI pipeline) or ``gpu-aug`` (uint8 batches, augmented on the device)."""
     options = dict(workers=workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
-                   prefetch_factor=prefetch_factor, seed=spec.seed)
-    if kind == "torch":
-        train, test = build_datasets(spec)
-        return Loaders(build_loader(train, batch_size, shuffle=True, drop_last=True, delay_seconds=delay_seconds,
-                                    **options),
-                       build_loader(test, min(batch_size, len(test)), shuffle=False, **options))
-    if kind == "gpu-aug":
-        from course_utils.gpu_augment import BatchAugment
+                   prefetch_factor=prefetch_factor, seed=spec.seed, shard_id=shard_id, num_shards=num_shards)
+    if kind in ("torch", "gpu-aug"):
+        train, test = build_datasets(spec) if kind == "torch" else _uint8_spec(spec)
+        loaders = Loaders(
+            build_loader(train, batch_size, shuffle=True, drop_last=True, delay_seconds=delay_seconds, **options),
+            build_loader(test, min(batch_size, len(test) // num_shards), shuffle=False, **options),
+            test_sharded=num_shards > 1)
+        if kind == "gpu-aug":
+            from course_utils.gpu_augment import BatchAugment
 
-        train, test = _uint8_spec(spec)
-        generator = torch.Generator().manual_seed(spec.seed)
-        return Loaders(build_loader(train, batch_size, shuffle=True, drop_last=True, delay_seconds=delay_seconds,
-                                    **options),
-                       build_loader(test, min(batch_size, len(test)), shuffle=False, **options),
-                       BatchAugment(spec.image_size, spec.augment, generator), BatchAugment(spec.image_size, False))
+            generator = torch.Generator().manual_seed(spec.seed * 1_000 + shard_id)
+            loaders.train_on_device = BatchAugment(spec.image_size, spec.augment, generator)
+            loaders.test_on_device = BatchAugment(spec.image_size, False)
+        return loaders
     if kind == "dali":
         from course_utils.dali import DaliLoader
 
         train, test = (_arrays(split) for split in _uint8_spec(spec))
         threads = max(1, workers)
-        common = dict(image_size=spec.image_size, seed=spec.seed, threads=threads, device=device,
-                      shard_id=shard_id, num_shards=num_shards)
-        return Loaders(DaliLoader(*train, batch_size, shuffle=True, augment=spec.augment, drop_last=True, **common),
+        common = dict(image_size=spec.image_size, seed=spec.seed, threads=threads, device=device)
+        # Every rank evaluates the whole test set: DALI pads uneven shards, which would count samples twice.
+        return Loaders(DaliLoader(*train, batch_size, shuffle=True, augment=spec.augment, drop_last=True,
+                                  shard_id=shard_id, num_shards=num_shards, **common),
                        DaliLoader(*test, min(batch_size, len(test[0])), shuffle=False, augment=False, **common))
     raise ValueError(f"unknown loader {kind!r}; choose one of: {', '.join(LOADERS)}")

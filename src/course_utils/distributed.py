@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -70,19 +71,31 @@ def placement(env: Mapping[str, str] = os.environ) -> Placement:
     return Placement()
 
 
-def setup(timeout_seconds: float = 600, backend: str | None = None) -> Placement:
+def free_port() -> int:
+    """A TCP port nobody listens on right now, for a process group of one."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def setup(timeout_seconds: float = 600, backend: str | None = None, alone: bool = False) -> Placement:
     """Join the process group (when there is more than one process) and pick this rank's device.
 
     A rank that waits longer than ``timeout_seconds`` for the others fails with an error instead of
-    hanging forever.
+    hanging forever. ``alone`` makes a group of one when no launcher started this process, so that
+    DDP's own cost can be measured on a single device.
     """
     where = placement()
-    if not where.distributed:
+    if not where.distributed and not alone:
         return where
     if torch.cuda.is_available():
         torch.cuda.set_device(where.local_rank % torch.cuda.device_count())
-    # Under torchrun, env:// reuses the store of torchrun's agent; under srun, rank 0 opens one.
-    init_method = "env://" if where.source == "torchrun" else f"tcp://{where.master_addr}:{where.master_port}"
+    if where.source == "torchrun":
+        init_method = "env://"  # the store of torchrun's agent
+    elif where.source == "slurm":
+        init_method = f"tcp://{where.master_addr}:{where.master_port}"  # rank 0 opens the store
+    else:
+        init_method = f"tcp://127.0.0.1:{free_port()}"
     dist.init_process_group(backend or devices.distributed_backend(), init_method=init_method,
                             rank=where.rank, world_size=where.world_size,
                             timeout=timedelta(seconds=timeout_seconds))

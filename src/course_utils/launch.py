@@ -1,7 +1,7 @@
 """Start torchrun from a notebook cell, stream its output as it comes, end it cleanly.
 
-    result = launch(2, "course_utils.train", "--max-steps", "20")
-    result.returncode, result.rank_logs[1]
+    result = launch(2, "course_utils.train", "--distributed", "ddp", "--max-steps", "20", "--out", "runs/ddp")
+    result.returncode, result.rank_logs[1], result.per_rank   # per_rank: each rank's steps and timings
 
 Every rank's output reaches the cell prefixed with its rank (torchrun's ``--tee``) and is kept per
 rank under ``log_dir``. On failure the tail of each rank's log is printed. Interrupting the cell
@@ -10,6 +10,7 @@ rank under ``log_dir``. On failure the tail of each rank's log is printed. Inter
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
+from course_utils.metrics import SUMMARY_FILE
+
 TAIL_LINES = 20
 
 
@@ -27,6 +32,12 @@ class LaunchResult:
     returncode: int
     lines: list[str] = field(default_factory=list)  # everything torchrun printed, in order
     rank_logs: dict[int, str] = field(default_factory=dict)  # rank -> its stdout and stderr
+    summary: dict | None = None  # the run's summary.json, when the module was the training command with --out
+
+    @property
+    def per_rank(self) -> pd.DataFrame:
+        """One row per rank: its iteration count, images and timings, from the run's summary."""
+        return pd.DataFrame((self.summary or {}).get("per_rank", []))
 
     @property
     def ok(self) -> bool:
@@ -45,6 +56,16 @@ def _rank_logs(log_dir: Path) -> dict[int, str]:
         rank = int(path.parent.name)
         logs[rank] = logs.get(rank, "") + path.read_text(errors="replace")
     return logs
+
+
+def _out_dir(args: tuple[str, ...]) -> Path | None:
+    """The folder given to ``--out`` (``--out DIR`` or ``--out=DIR``), if any."""
+    for index, arg in enumerate(args):
+        if arg == "--out" and index + 1 < len(args):
+            return Path(args[index + 1])
+        if arg.startswith("--out="):
+            return Path(arg.split("=", 1)[1])
+    return None
 
 
 def _end_group(process: subprocess.Popen, grace_seconds: float = 10.0) -> None:
@@ -93,6 +114,9 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
         reader.join(timeout=10)
         process.stdout.close()
     result.rank_logs = _rank_logs(log_dir)
+    out = _out_dir(args)
+    if result.ok and out is not None and (out / SUMMARY_FILE).is_file():
+        result.summary = json.loads((out / SUMMARY_FILE).read_text())
     if not result.ok and echo:
         for rank, text in sorted(result.rank_logs.items()):
             tail = "\n".join(text.splitlines()[-TAIL_LINES:])

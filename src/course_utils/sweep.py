@@ -46,13 +46,13 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
             torch.cuda.reset_peak_memory_stats(device)
         images, labels = next_batch(iter(setup.loaders.train), device, NO_RANGES)
         for _ in range(warmup):
-            train_step(setup, images, labels, NO_RANGES)
+            train_step(setup, [(images, labels)], NO_RANGES)
         devices.synchronize(device)
         with Monitor(monitor_backend, interval) as monitor:
             monitor.phase("timed")
             start = time.perf_counter()
             for _ in range(steps):
-                train_step(setup, images, labels, NO_RANGES)
+                train_step(setup, [(images, labels)], NO_RANGES)
             devices.synchronize(device)
             seconds = time.perf_counter() - start
         frame = monitor.frame()

@@ -1,0 +1,128 @@
+"""DistributedDataParallel for real: torchrun, two gloo ranks on the CPU, compared with one process."""
+
+import json
+
+import pytest
+import torch
+
+from course_utils import checkpoint, models
+from course_utils.data import shard_sampler
+from course_utils.launch import launch
+from course_utils.train import train
+
+
+def _options(tiny_root, out, **extra) -> dict:
+    """A short deterministic run: a BatchNorm-free model, no augmentation, no workers."""
+    return {"size": "ci", "data_dir": tiny_root, "model": "small_cnn_gn", "train_samples": 512,
+            "test_samples": 100, "max_steps": 6, "log_every": 2, "workers": 0, "device": "cpu", "seed": 3,
+            "augment": False, "progress": False, "out": out, **extra}
+
+
+def _flags(options: dict) -> list[str]:
+    """The same options as command-line flags for torchrun."""
+    flags = []
+    for name, value in options.items():
+        if value is False:
+            flags.append({"augment": "--no-augment", "progress": "--no-progress"}[name])
+        elif value is True:
+            flags.append("--" + name.replace("_", "-"))
+        else:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
+
+
+def _weights(out):
+    return checkpoint.load(out / "checkpoints" / "last.pt")["model"]
+
+
+def _single(tiny_root, out, **extra):
+    return train(**_options(tiny_root, out, **extra))
+
+
+def _ddp(tiny_root, out, **extra):
+    result = launch(2, "course_utils.train", *_flags(_options(tiny_root, out, distributed="ddp", **extra)),
+                    log_dir=out.parent / f"{out.name}-logs", echo=False, timeout_seconds=300)
+    assert result.ok, "\n".join(result.lines[-30:])
+    return result
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tiny_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp") / "run"
+    return _ddp(tiny_root, out, batch_size=16), out
+
+
+def test_ddp_on_two_ranks_equals_one_process_with_the_doubled_batch(ddp_run, tiny_root, tmp_path):
+    _, out = ddp_run
+    single = _single(tiny_root, tmp_path / "single", batch_size=32)
+    ddp, one = _weights(out), _weights(tmp_path / "single")
+    assert single["steps"] == 6
+    for name in one:
+        torch.testing.assert_close(ddp[name], one[name], rtol=1e-5, atol=1e-6)
+    torch.manual_seed(3)
+    start = models.build("small_cnn_gn").state_dict()  # the weights before training: they did move
+    assert any(not torch.allclose(ddp[name], start[name]) for name in ddp)
+
+
+def test_each_rank_runs_its_share_and_rank_zero_writes(ddp_run):
+    result, out = ddp_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["global_batch_size"] == 32
+    ranks = result.per_rank
+    assert list(ranks["rank"]) == [0, 1] and list(ranks["steps"]) == [6, 6]
+    assert list(ranks["images"]) == [96, 96]
+    # 512 samples over 2 ranks at batch 16: 16 iterations per epoch each, half of one process's 32 at that batch.
+    assert summary["steps_per_epoch"] == 16
+    assert len(list(out.glob("summary.json"))) == 1 and len(list(out.glob("tensorboard/events.*"))) == 1
+    epoch = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    assert [r["rank"] for r in epoch["ranks"]] == [0, 1]
+
+
+def test_gradient_accumulation_with_no_sync_equals_the_full_batch(tiny_root, tmp_path):
+    out = tmp_path / "accum"
+    _ddp(tiny_root, out, batch_size=8, grad_accum=2)
+    _single(tiny_root, tmp_path / "single", batch_size=32)
+    accumulated, one = _weights(out), _weights(tmp_path / "single")
+    for name in one:
+        torch.testing.assert_close(accumulated[name], one[name], rtol=1e-5, atol=1e-6)
+
+
+def test_ddp_knobs_train(quick):
+    summary = train(**{**quick, "max_steps": 4}, distributed="ddp", bucket_cap_mb=1, gradient_as_bucket_view=True,
+                    static_graph=True)
+    assert summary["distributed"] == "ddp" and summary["world_size"] == 1 and summary["steps"] == 4
+
+
+def test_dataparallel_without_gpus_runs_on_one_device(quick):
+    summary = train(**{**quick, "max_steps": 2}, distributed="dp")
+    assert summary["data_parallel_devices"] == 1
+
+
+@pytest.mark.parametrize("count,ranks,batch", [(512, 2, 16), (100, 4, 3), (37, 2, 5)])
+def test_shards_are_disjoint_and_make_the_single_process_batches(count, ranks, batch):
+    data = list(range(count))
+    shards = []
+    for rank in range(ranks):
+        sampler = shard_sampler(data, rank, ranks, seed=7)
+        sampler.set_epoch(2)
+        shards.append(list(sampler))
+    flat = [i for shard in shards for i in shard]
+    assert len(set(flat)) == len(flat) == (count // ranks) * ranks  # disjoint; only the uneven tail is left out
+    single = shard_sampler(data, 0, 1, seed=7)
+    single.set_epoch(2)
+    order = list(single)
+    for k in range(len(shards[0]) // batch):
+        union = sorted(i for shard in shards for i in shard[k * batch:(k + 1) * batch])
+        assert union == sorted(order[k * batch * ranks:(k + 1) * batch * ranks])
+
+
+def test_a_rank_without_ddp_is_refused(quick, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="--distributed ddp"):
+        train(**quick)
+
+
+def test_sync_bn_on_cpu_says_it_needs_gpus(quick):
+    with pytest.raises(ValueError, match="needs GPUs"):
+        train(**quick, distributed="ddp", sync_bn=True)
