@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import random
 import socket
 import statistics
@@ -445,7 +446,9 @@ class _Loop:
     def rank_summary(self, skip: int) -> dict[str, Any]:
         """This rank's own share: its iteration count and timings."""
         where, device = self.setup.where, self.setup.device
-        return {"rank": where.rank, "local_rank": where.local_rank, "host": socket.gethostname(),
+        # Under Slurm the node's name, which differs from the host name where nodes are virtual.
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        return {"rank": where.rank, "local_rank": where.local_rank, "node": node,
                 "device": str(device), "steps": self.step, "images": sum(self.step_images),
                 "images_per_second": images_per_second(self.step_seconds, self.step_images, skip),
                 "steady_iteration_seconds": statistics.median(self.step_seconds[skip:] or self.step_seconds),
