@@ -8,7 +8,7 @@ import torch
 from course_utils import checkpoint, models
 from course_utils.data import shard_sampler
 from course_utils.launch import launch
-from course_utils.train import train
+from course_utils.train import to_flags, train
 
 
 def _options(tiny_root, out, **extra) -> dict:
@@ -16,19 +16,6 @@ def _options(tiny_root, out, **extra) -> dict:
     return {"size": "ci", "data_dir": tiny_root, "model": "small_cnn_gn", "train_samples": 512,
             "test_samples": 100, "max_steps": 6, "log_every": 2, "workers": 0, "device": "cpu", "seed": 3,
             "augment": False, "progress": False, "out": out, **extra}
-
-
-def _flags(options: dict) -> list[str]:
-    """The same options as command-line flags for torchrun."""
-    flags = []
-    for name, value in options.items():
-        if value is False:
-            flags.append({"augment": "--no-augment", "progress": "--no-progress"}[name])
-        elif value is True:
-            flags.append("--" + name.replace("_", "-"))
-        else:
-            flags += ["--" + name.replace("_", "-"), str(value)]
-    return flags
 
 
 def _weights(out):
@@ -40,7 +27,7 @@ def _single(tiny_root, out, **extra):
 
 
 def _ddp(tiny_root, out, **extra):
-    result = launch(2, "course_utils.train", *_flags(_options(tiny_root, out, distributed="ddp", **extra)),
+    result = launch(2, "course_utils.train", *to_flags(**_options(tiny_root, out, distributed="ddp", **extra)),
                     log_dir=out.parent / f"{out.name}-logs", echo=False, timeout_seconds=300)
     assert result.ok, "\n".join(result.lines[-30:])
     return result

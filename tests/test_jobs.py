@@ -10,31 +10,36 @@ from pathlib import Path
 
 import pytest
 
+from course_utils.allreduce import build_parser as allreduce_parser
 from course_utils.config import checkout_root
 from course_utils.distributed import free_port
-from course_utils.train import build_parser
+from course_utils.train import build_parser as train_parser
 
-SCRIPTS = sorted((checkout_root() / "jobs").rglob("*.sbatch")) + [checkout_root() / "jobs/cloud/run_node.sh"]
-KNOWN_FLAGS = {flag for action in build_parser()._actions for flag in action.option_strings}
+SCRIPTS = sorted(p for p in (checkout_root() / "jobs").rglob("*") if p.suffix in (".sbatch", ".sh"))
+ENTRY_POINTS = {"course_utils.train": train_parser(), "course_utils.allreduce": allreduce_parser()}
 
 
-def _train_flags(script: Path) -> list[str]:
-    """The --flags given to `python -m course_utils.train`, following line continuations."""
+def _flags(script: Path, module: str) -> list[str]:
+    """The --flags given to `-m module`, following line continuations."""
     text = script.read_text().replace("\\\n", " ")
-    commands = [line.split("course_utils.train", 1)[1] for line in text.splitlines() if "course_utils.train" in line]
+    commands = [line.split(module, 1)[1] for line in text.splitlines() if f"-m {module}" in line]
     return [flag for command in commands for flag in re.findall(r"(?<!\S)(--[a-z][a-z-]*)", command)]
 
 
 def test_there_are_job_scripts():
-    assert SCRIPTS
+    assert any(script.suffix == ".sbatch" for script in SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(checkout_root())))
 def test_job_script(script):
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    flags = _train_flags(script)
-    assert flags, "the script must call python -m course_utils.train"
-    assert set(flags) <= KNOWN_FLAGS, f"unknown flags: {set(flags) - KNOWN_FLAGS}"
+    called = [module for module in ENTRY_POINTS if f"-m {module}" in script.read_text()]
+    if script.suffix == ".sbatch" or script.name == "run_node.sh":
+        assert called, "a job must call the course's entry points, never a copy of the loop"
+    for module in called:
+        known = {flag for action in ENTRY_POINTS[module]._actions for flag in action.option_strings}
+        flags = _flags(script, module)
+        assert set(flags) <= known, f"unknown flags for {module}: {set(flags) - known}"
 
 
 def test_cloud_recipe_joins_two_nodes_through_c10d(tiny_root, tmp_path):

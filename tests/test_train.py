@@ -123,3 +123,14 @@ def test_command_line_missing_data_names_the_fix(tmp_path):
 def test_command_line_rejects_an_unknown_model():
     result = _cli("--model", "vgg16")
     assert result.returncode == 2 and "resnet18" in result.stderr
+
+
+def test_to_flags_round_trips_through_the_parser():
+    from course_utils.train import to_flags
+
+    options = {"batch_size": 32, "augment": False, "pin_memory": False, "channels_last": True, "distributed": "ddp",
+               "grad_accum": 2, "monitor": "cpu", "progress": False}
+    parsed = vars(build_parser().parse_args(to_flags(**options)))
+    assert {name: parsed[name] for name in options} == options
+    with pytest.raises(TypeError, match="batchsize"):
+        to_flags(batchsize=3)

@@ -40,6 +40,9 @@ class Size:
     sweep_steps: int
     progression_epochs: int  # notebook 05: epochs each precision/compilation stage trains
     loader_workers: tuple[int, ...]  # notebook 04: worker counts of the DataLoader sweep
+    parallel_steps: int  # notebooks 06-08: iterations of each throughput measurement
+    scaling_ranks: tuple[int, ...]  # notebook 08: process counts of the scaling study (capped by the devices)
+    allreduce_max_bytes: int  # notebook 08: the largest all-reduce of the bandwidth sweep
     minutes_per_notebook: int  # what the README's time column promises
 
     def as_dict(self) -> dict:
@@ -69,6 +72,9 @@ SIZES: dict[str, Size] = {
         sweep_steps=4,
         progression_epochs=1,
         loader_workers=(1, 2),
+        parallel_steps=12,
+        scaling_ranks=(1, 2),
+        allreduce_max_bytes=2**22,
         minutes_per_notebook=1,
     ),
     "workshop": Size(
@@ -88,6 +94,9 @@ SIZES: dict[str, Size] = {
         sweep_steps=20,
         progression_epochs=3,
         loader_workers=(1, 2, 4, 7),
+        parallel_steps=200,
+        scaling_ranks=(1, 2, 4, 8),
+        allreduce_max_bytes=2**30,
         minutes_per_notebook=15,
     ),
 }

@@ -596,6 +596,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def to_flags(**options: Any) -> list[str]:
+    """The command-line flags that mean ``options`` (``batch_size=32, augment=False`` gives
+    ``--batch-size 32 --no-augment``): what a notebook passes to torchrun or a job script."""
+    actions = {action.dest: action for action in build_parser()._actions if action.option_strings}
+    flags: list[str] = []
+    for name, value in options.items():
+        if name not in actions:
+            raise TypeError(f"unknown option {name!r}; valid: {', '.join(sorted(actions))}")
+        action = actions[name]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            flags.append(action.option_strings[0] if value else action.option_strings[1])
+        elif action.nargs == 0:  # store_true / store_false: the flag says the non-default value
+            if bool(value) != bool(action.default):
+                flags.append(action.option_strings[0])
+        elif value is not None:
+            flags += [action.option_strings[0], str(value)]
+    return flags
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

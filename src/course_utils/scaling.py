@@ -1,0 +1,122 @@
+"""Strong and weak scaling: the same training at 1..N ranks, with speed-up and efficiency.
+
+Strong scaling keeps the global batch and splits it over more ranks (each does less work per
+step); weak scaling keeps the batch per rank (the global batch grows with the ranks). Ideal is a
+speed-up equal to the rank count; efficiency is the measured speed-up divided by it.
+
+    python -m course_utils.scaling --ranks 1 2 4 8 --mode weak -- --model resnet50
+    python -m course_utils.scaling --collect runs/slurm/1234 runs/slurm/1240   # jobs on 1, 2, ... nodes
+
+The first form starts torchrun on this machine for each rank count; the second reads the
+``summary.json`` of runs made elsewhere, e.g. the same job script submitted with ``--nodes`` 1, 2, 4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from course_utils import config
+from course_utils.launch import launch
+from course_utils.metrics import SUMMARY_FILE
+from course_utils.train import to_flags
+
+MODES = ("strong", "weak")
+
+
+def per_rank_batch(mode: str, batch_size: int, ranks: int) -> int:
+    """The batch each rank runs: ``batch_size`` is the global batch in strong scaling, the per-rank
+    batch in weak scaling."""
+    if mode == "weak":
+        return batch_size
+    if mode != "strong":
+        raise ValueError(f"unknown scaling mode {mode!r}; choose one of: {', '.join(MODES)}")
+    if batch_size % ranks:
+        raise ValueError(f"strong scaling splits the global batch {batch_size} over {ranks} ranks: "
+                         f"choose a batch size divisible by every rank count")
+    return batch_size // ranks
+
+
+def table(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per run, ordered by rank count, with speed-up and efficiency against the smallest run."""
+    rows = pd.DataFrame([{
+        "ranks": s["world_size"],
+        "batch_per_rank": s["config"]["batch_size"],
+        "global_batch": s["global_batch_size"],
+        "images_per_second": s["images_per_second"],
+        "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in s["per_rank"]),
+        "device": s["device"],
+    } for s in summaries]).sort_values("ranks").reset_index(drop=True)
+    base = rows.iloc[0]
+    rows["speedup"] = rows["images_per_second"] / base["images_per_second"]
+    rows["ideal"] = rows["ranks"] / base["ranks"]
+    rows["efficiency"] = rows["speedup"] / rows["ideal"]
+    return rows
+
+
+def collect(run_dirs: Sequence[str | Path]) -> pd.DataFrame:
+    """The scaling table of runs already made (each folder holds a ``summary.json``)."""
+    summaries = []
+    for folder in run_dirs:
+        path = Path(folder) / SUMMARY_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist: the run did not finish, or --out pointed elsewhere")
+        summaries.append(json.loads(path.read_text()))
+    return table(summaries)
+
+
+def study(ranks: Sequence[int], mode: str = "weak", out: str | Path | None = None, echo: bool = False,
+          **train_options: Any) -> pd.DataFrame:
+    """Train at each rank count with torchrun on this machine and tabulate the throughput.
+
+    ``train_options`` are the training command's options (``batch_size`` is global in strong
+    scaling, per rank in weak scaling; it defaults to the course size's batch).
+    """
+    batch = train_options.pop("batch_size", None) or config.get_size(train_options.get("size")).batch_size
+    out = Path(out or config.runs_dir() / f"scaling-{mode}")
+    summaries = []
+    for count in tqdm(ranks, desc=f"{mode} scaling", unit="run"):
+        run_dir = out / f"ranks-{count}"
+        flags = to_flags(**{"progress": False, **train_options}, distributed="ddp",
+                         batch_size=per_rank_batch(mode, batch, count), out=run_dir)
+        result = launch(count, "course_utils.train", *flags, log_dir=out / f"logs-{count}", echo=echo)
+        if not result.ok:
+            tail = "\n".join(result.lines[-15:])
+            raise RuntimeError(f"the run with {count} ranks failed (exit {result.returncode}):\n{tail}")
+        summaries.append(result.summary)
+    return table(summaries)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_utils.scaling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, nargs="+", help="process counts to run on this machine")
+    parser.add_argument("--mode", choices=MODES, default="weak", help="weak (default) or strong scaling")
+    parser.add_argument("--collect", nargs="+", metavar="RUN_DIR", help="tabulate finished runs instead")
+    parser.add_argument("--csv", help="also write the table to this CSV file")
+    args, train_flags = parser.parse_known_args(argv)
+    train_flags = [flag for flag in train_flags if flag != "--"]
+    if args.collect:
+        result = collect(args.collect)
+    elif args.ranks:
+        from course_utils.train import build_parser as train_parser
+
+        options = {k: v for k, v in vars(train_parser().parse_args(train_flags)).items()
+                   if v != train_parser().get_default(k)}
+        result = study(args.ranks, args.mode, echo=True, **options)
+    else:
+        parser.error("give --ranks to run a study here, or --collect with finished runs")
+    print(result.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    if args.csv:
+        result.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
