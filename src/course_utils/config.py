@@ -43,6 +43,7 @@ class Size:
     parallel_steps: int  # notebooks 06-08: iterations of each throughput measurement
     scaling_ranks: tuple[int, ...]  # notebook 08: process counts of the scaling study (capped by the devices)
     allreduce_max_bytes: int  # notebook 08: the largest all-reduce of the bandwidth sweep
+    lr_study_epochs: int  # notebook 08: epochs of each learning-rate scaling case
     minutes_per_notebook: int  # what the README's time column promises
 
     def as_dict(self) -> dict:
@@ -75,6 +76,7 @@ SIZES: dict[str, Size] = {
         parallel_steps=12,
         scaling_ranks=(1, 2),
         allreduce_max_bytes=2**22,
+        lr_study_epochs=2,
         minutes_per_notebook=1,
     ),
     "workshop": Size(
@@ -97,6 +99,7 @@ SIZES: dict[str, Size] = {
         parallel_steps=200,
         scaling_ranks=(1, 2, 4, 8),
         allreduce_max_bytes=2**30,
+        lr_study_epochs=5,
         minutes_per_notebook=15,
     ),
 }

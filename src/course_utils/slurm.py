@@ -36,6 +36,7 @@ def available() -> bool:
 class Job:
     job_id: str
     log: Path | None  # the job's --output file, when known
+    submitted_at: float = 0.0  # time.time() at submission: an older file at the log's path is not this job's
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,13 @@ def submit(script: str | Path, *args: str, options: list[str] | tuple[str, ...] 
     if shutil.which("sbatch") is None:
         raise SlurmUnavailable("sbatch is not on the PATH: this machine has no Slurm (on a cluster, run from a "
                                "login node or a Jupyter session started through Slurm)")
+    submitted_at = time.time()
     result = subprocess.run(["sbatch", "--parsable", *options, str(script), *args], cwd=cwd,
                             env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise RuntimeError(f"sbatch refused {script}: {result.stderr.strip()}")
     job_id = result.stdout.strip().split(";")[0]
-    return Job(job_id, _log_path(job_id, cwd))
+    return Job(job_id, _log_path(job_id, cwd), submitted_at)
 
 
 def _fields(text: str) -> dict[str, str]:
@@ -109,7 +111,7 @@ def follow(job: Job, poll_seconds: float = 1.0, timeout_seconds: float | None = 
     start, printed = time.monotonic(), 0
     while True:
         outcome = state(job)
-        if echo and job.log is not None and job.log.exists():
+        if echo and job.log is not None and job.log.exists() and job.log.stat().st_mtime >= job.submitted_at - 1:
             text = job.log.read_text(errors="replace")
             print(text[printed:], end="", flush=True)
             printed = len(text)

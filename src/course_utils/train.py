@@ -189,6 +189,10 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
 
 
+def _peak_memory_mib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+
 def lr_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
     """The factor on the peak learning rate at each step: a linear warm-up over ``warmup_steps``
     (large global batches diverge without one), then a cosine down to zero."""
@@ -452,7 +456,8 @@ class _Loop:
                 "device": str(device), "steps": self.step, "images": sum(self.step_images),
                 "images_per_second": images_per_second(self.step_seconds, self.step_images, skip),
                 "steady_iteration_seconds": statistics.median(self.step_seconds[skip:] or self.step_seconds),
-                "data_seconds_median": statistics.median(self.data_seconds) if self.data_seconds else None}
+                "data_seconds_median": statistics.median(self.data_seconds) if self.data_seconds else None,
+                "peak_memory_mib": _peak_memory_mib(device)}
 
     def summary(self) -> dict[str, Any]:
         setup, cfg, device = self.setup, self.cfg, self.setup.device
@@ -486,8 +491,10 @@ class _Loop:
             "torch_version": torch.__version__,
             "out": str(self.out),
             "trace": cfg.trace,
-            "peak_memory_allocated_mib": (torch.cuda.max_memory_allocated(device) / 2**20
-                                          if device.type == "cuda" else None),
+            "peak_memory_allocated_mib": _peak_memory_mib(device),
+            # DataParallel fills several GPUs from one process: GPU 0 holds more (outputs, gathered gradients).
+            "peak_memory_per_gpu_mib": ([_peak_memory_mib(torch.device("cuda", i))
+                                         for i in range(torch.cuda.device_count())] if device.type == "cuda" else None),
             "monitor": _monitor_summary(self.monitor) if self.monitor is not None else None,
             "config": asdict(cfg),
         }
