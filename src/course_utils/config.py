@@ -76,7 +76,7 @@ SIZES: dict[str, Size] = {
         parallel_steps=12,
         scaling_ranks=(1, 2),
         allreduce_max_bytes=2**22,
-        lr_study_epochs=2,
+        lr_study_epochs=1,
         minutes_per_notebook=1,
     ),
     "workshop": Size(

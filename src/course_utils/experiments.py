@@ -170,12 +170,13 @@ def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -
     size = config.get_size(options.get("size"))
     batch = options.pop("batch_size", None) or size.batch_size
     lr = options.pop("lr", None) or size.lr
-    options.setdefault("epochs", size.lr_study_epochs)
+    epochs = options.setdefault("epochs", size.lr_study_epochs)
+    warmup = min(1.0, epochs / 2)  # one epoch, or half of a shorter run
     out = Path(out or config.runs_dir() / "lr-scaling")
     cases = [("base batch", batch, lr, 0.0),
              (f"{factor}x batch, same lr", batch * factor, lr, 0.0),
              (f"{factor}x batch, {factor}x lr", batch * factor, lr * factor, 0.0),
-             (f"{factor}x batch, {factor}x lr, 1 epoch warm-up", batch * factor, lr * factor, 1.0)]
+             (f"{factor}x batch, {factor}x lr, {warmup:g} epoch warm-up", batch * factor, lr * factor, warmup)]
     rows = []
     for index, (name, case_batch, case_lr, warmup) in enumerate(tqdm(cases, desc="cases", unit="run")):
         row = {"case": name, "batch": case_batch, "lr": case_lr, "warmup_epochs": warmup, "run": out / f"case-{index}"}

@@ -1,0 +1,39 @@
+"""Record the all-reduce bandwidth sweep (notebook 08) between the devices of this machine.
+
+    python benchmarks/allreduce.py                      # every GPU (NCCL/RCCL), or 2 CPU ranks (gloo)
+    python benchmarks/allreduce.py --max-bytes 1G
+
+Across nodes, use the job scripts (jobs/generic/allreduce.sbatch, jobs/lumi/allreduce.sbatch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from course_utils import config, experiments, reference
+from course_utils.devices import default_device
+from course_utils.launch import launch
+from course_utils.train import device_name
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-bytes", default=str(config.get_size().allreduce_max_bytes))
+    parser.add_argument("--iterations", type=int, default=20)
+    args = parser.parse_args()
+    ranks = experiments.data_parallel_width()
+    with tempfile.TemporaryDirectory() as out:
+        path = Path(out) / "allreduce.json"
+        result = launch(ranks, "course_utils.allreduce", "--max-bytes", args.max_bytes, "--iterations",
+                        str(args.iterations), "--out", str(path))
+        if not result.ok:
+            raise SystemExit(f"the all-reduce sweep failed (exit {result.returncode})")
+        rows = json.loads(path.read_text())
+    print(f"recorded in {reference.record('allreduce', rows, device_name(default_device()))}")
+
+
+if __name__ == "__main__":
+    main()

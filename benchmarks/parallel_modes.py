@@ -1,0 +1,47 @@
+"""Record one device against DataParallel and DDP (notebooks 06 and 07) on this machine.
+
+    COURSE_SIZE=workshop python benchmarks/parallel_modes.py   # on 2+ GPUs: DP and DDP over all of them
+    COURSE_SIZE=ci python benchmarks/parallel_modes.py         # on a CPU: DDP with 2 gloo ranks, one thread each
+
+Every mode runs the same per-device batch for the same number of steps (``--steps``, default
+three times the size's); the rows are alternated over ``--repeats`` rounds so that drift on a
+shared machine spreads over all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from course_utils import config, experiments, reference
+from course_utils.devices import default_device
+from course_utils.train import device_name
+
+
+def main() -> None:
+    size = config.get_size()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3 * size.parallel_steps)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    tables = []
+    with tempfile.TemporaryDirectory() as out:
+        for repeat in range(args.repeats):
+            table = experiments.compare_modes(steps=args.steps, out=Path(out) / str(repeat))
+            tables.append(table.assign(repeat=repeat))
+    every = pd.concat(tables)
+    summary = every.groupby("mode", sort=False).agg(
+        devices=("devices", "first"), global_batch=("global_batch", "first"),
+        images_per_second=("images_per_second", "median"), spread=("images_per_second", lambda v: v.max() / v.min() - 1),
+        speedup=("speedup", "median"), steady_iteration_seconds=("steady_iteration_seconds", "median")).reset_index()
+    print(summary.round(3).to_string(index=False))
+    rows = [{"size": size.name, "model": size.model, "batch_per_device": size.batch_size, "steps": args.steps,
+             "repeats": args.repeats, "gpus": experiments.gpu_count(), **row} for row in summary.to_dict("records")]
+    print(f"recorded in {reference.record('parallel_modes', rows, device_name(default_device()))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Record weak and strong scaling (notebook 08) over the devices of this machine.
+
+    COURSE_SIZE=workshop python benchmarks/scaling.py --model resnet50   # 1, 2, 4, 8 GPUs
+    COURSE_SIZE=ci python benchmarks/scaling.py                          # 1 and 2 CPU ranks
+
+The goal on GPUs: at least 90 % efficiency at 8 GPUs for ResNet-50 on CIFAR-100-sized inputs
+(weak scaling). For several nodes, submit the job scripts with --nodes 1, 2, 4 and tabulate the
+finished runs with ``python -m course_utils.scaling --collect``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from course_utils import config, experiments, reference, scaling
+from course_utils.devices import default_device
+from course_utils.train import device_name
+
+
+def main() -> None:
+    size = config.get_size()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=size.model)
+    parser.add_argument("--steps", type=int, default=3 * size.parallel_steps)
+    args = parser.parse_args()
+    counts = [count for count in size.scaling_ranks if count <= experiments.data_parallel_width()]
+    options = {"model": args.model, "max_steps": args.steps}
+    with tempfile.TemporaryDirectory() as out:
+        weak = scaling.study(counts, "weak", out=Path(out) / "weak", **options)
+        strong = scaling.study(counts, "strong", batch_size=size.batch_size * max(counts), out=Path(out) / "strong",
+                               **options)
+    table = pd.concat({"weak": weak, "strong": strong}, names=["study"]).reset_index(level=0)
+    print(table.round(3).to_string(index=False))
+    rows = [{"size": size.name, "model": args.model, "steps": args.steps, **row} for row in table.to_dict("records")]
+    print(f"recorded in {reference.record('scaling', rows, device_name(default_device()))}")
+
+
+if __name__ == "__main__":
+    main()
