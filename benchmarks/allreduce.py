@@ -16,7 +16,7 @@ from pathlib import Path
 from course_utils import config, experiments, reference
 from course_utils.devices import default_device
 from course_utils.launch import launch
-from course_utils.train import device_name
+from course_utils.step import device_name
 
 
 def main() -> None:

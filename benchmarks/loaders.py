@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from course_utils import bench, config, reference
 from course_utils.devices import default_device
-from course_utils.train import device_name
+from course_utils.step import device_name
 
 
 def main() -> None:

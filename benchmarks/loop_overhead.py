@@ -22,7 +22,8 @@ from torch import nn
 from course_utils import devices, models, reference
 from course_utils.data import SyntheticImages, build_loader
 from course_utils.timing import warmup_steps
-from course_utils.train import seed_everything, train
+from course_utils.step import seed_everything
+from course_utils.train import train
 
 
 def bare_loop(model_name: str, batch_size: int, steps: int, device: torch.device) -> float:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from course_utils import config, experiments, reference
 from course_utils.devices import default_device
-from course_utils.train import device_name
+from course_utils.step import device_name
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import tempfile
 from course_utils import config, reference
 from course_utils.devices import default_device
 from course_utils.progression import run_progression
-from course_utils.train import device_name
+from course_utils.step import device_name
 
 
 def main() -> None:

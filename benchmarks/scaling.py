@@ -18,7 +18,7 @@ import pandas as pd
 
 from course_utils import config, experiments, reference, scaling
 from course_utils.devices import default_device
-from course_utils.train import device_name
+from course_utils.step import device_name
 
 
 def main() -> None:
@@ -31,8 +31,8 @@ def main() -> None:
     options = {"model": args.model, "max_steps": args.steps}
     with tempfile.TemporaryDirectory() as out:
         weak = scaling.study(counts, "weak", out=Path(out) / "weak", **options)
-        strong = scaling.study(counts, "strong", batch_size=size.batch_size * max(counts), out=Path(out) / "strong",
-                               **options)
+        strong = scaling.study(counts, "strong", batch_size=size.batch_size, out=Path(out) / "strong",
+                               reuse={1: Path(out) / "weak" / "ranks-1"}, **options)
     table = pd.concat({"weak": weak, "strong": strong}, names=["study"]).reset_index(level=0)
     print(table.round(3).to_string(index=False))
     rows = [{"size": size.name, "model": args.model, "steps": args.steps, **row} for row in table.to_dict("records")]

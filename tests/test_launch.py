@@ -51,12 +51,3 @@ def test_interrupting_the_cell_ends_the_whole_group(tmp_path):
         launch(2, "timeit", "-n", "1000000000", "pass", log_dir=tmp_path, echo=False)
     time.sleep(1)
     assert _survivors(marker) == []
-
-
-def test_the_training_summary_comes_back_per_rank(tiny_root, tmp_path):
-    out = tmp_path / "run"
-    result = launch(2, "course_utils.train", "--distributed", "ddp", "--size", "ci", "--data-dir", str(tiny_root),
-                    "--max-steps", "3", "--batch-size", "8", "--train-samples", "64", "--test-samples", "16",
-                    "--workers", "0", "--no-progress", f"--out={out}", log_dir=tmp_path / "logs", echo=False)
-    assert result.ok and result.summary["world_size"] == 2
-    assert list(result.per_rank["steps"]) == [3, 3]

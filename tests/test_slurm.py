@@ -1,4 +1,4 @@
-"""The generic job script submitted to a real Slurm: two nodes, one DDP rank each, gloo on the CPU.
+"""The job scripts submitted to a real Slurm: two nodes, one DDP rank each, gloo on the CPU.
 
 CI starts a two-node Slurm on its own machine (``.ci/local-slurm``); elsewhere the test runs
 wherever a Slurm controller answers and skips, saying how to get one, where none does.
@@ -6,7 +6,9 @@ wherever a Slurm controller answers and skips, saying how to get one, where none
 
 import json
 import os
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -29,31 +31,11 @@ def cluster():
 # Each script as a cluster would run it, scaled down to the two CPU-only virtual nodes: the generic one
 # starts one torchrun per node (c10d rendezvous); LUMI's starts the ranks with srun alone, so they
 # read their places from Slurm's variables, and its GCD binding is switched off (CPU_BIND=none).
+_ENV = {"COURSE_VENV": sys.prefix, "COURSE_SIZE": "ci"}
 SCRIPTS = {
     "generic": ("jobs/generic/ddp.sbatch", [], {}),
     "lumi": ("jobs/lumi/ddp.sbatch", ["--partition=debug", "--ntasks-per-node=1"], {"CPU_BIND": "none"}),
 }
-
-
-@pytest.mark.parametrize("name", list(SCRIPTS))
-def test_job_runs_ddp_on_two_nodes(cluster, tiny_root, tmp_path, name, capsys):
-    script, options, extra_env = SCRIPTS[name]
-    out = tmp_path / "run"
-    job = slurm.submit(script, "--data-dir", str(tiny_root), "--device", "cpu", "--workers", "0", "--max-steps", "4",
-                       "--batch-size", "16", "--train-samples", "128", "--test-samples", "32", "--out", str(out),
-                       options=["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5",
-                                f"--output={tmp_path / 'job.out'}", *options],
-                       cwd=checkout_root(), env={"COURSE_VENV": sys.prefix, "COURSE_SIZE": "ci", **extra_env})
-    assert job.log == tmp_path / "job.out"
-    outcome = slurm.follow(job, poll_seconds=0.5, timeout_seconds=300)
-    streamed = capsys.readouterr().out
-    assert outcome.ok, f"{outcome}\n{streamed}"
-    assert f"job {job.job_id}:" in streamed  # the log came through as it grew
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["distributed"] == "ddp"
-    assert sorted(r["node"] for r in summary["per_rank"]) == ["node1", "node2"]
-    assert [r["steps"] for r in summary["per_rank"]] == [4, 4]
-    assert (out / "metrics.jsonl").stat().st_size > 0 and (out / "checkpoints" / "last.pt").is_file()
 
 
 def test_a_failing_job_reports_its_exit_code(cluster, tmp_path):
@@ -69,3 +51,42 @@ def test_submitting_without_slurm_says_so(monkeypatch):
     assert not slurm.available()
     with pytest.raises(slurm.SlurmUnavailable, match="no Slurm"):
         slurm.submit("jobs/generic/ddp.sbatch")
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_a_signalled_job_checkpoints_requeues_itself_and_finishes(cluster, tiny_root, tmp_path, name):
+    """Preemption for real: USR1 to the job's steps (as Slurm sends before a time limit), the ranks
+    checkpoint (through torchrun, which forwards it, in the generic script), the job requeues itself
+    under the same id, and the requeued run resumes from the checkpoint."""
+    script, options, extra_env = SCRIPTS[name]
+    out = tmp_path / "run"
+    job = slurm.submit(script, "--data-dir", str(tiny_root), "--device", "cpu", "--workers", "0",
+                       "--epochs", "4", "--batch-size", "8", "--train-samples", "256", "--test-samples", "32",
+                       "--checkpoint-every", "4",
+                       options=["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=10",
+                                f"--output={tmp_path / 'job.out'}", *options],
+                       cwd=checkout_root(), env={**_ENV, "COURSE_RUN_DIR": str(out), **extra_env})
+    deadline = time.monotonic() + 120
+    while not list((out / "checkpoints").glob("step-*.pt")):
+        assert time.monotonic() < deadline and slurm.state(job).state in ("PENDING", "RUNNING", "CONFIGURING")
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", job.job_id], check=True)
+    # Slurm holds a requeued job for about two minutes (Reason=BeginTime); release it at once to keep CI short.
+    deadline = time.monotonic() + 120
+    while (now := slurm.state(job)).state != "PENDING" or now.reason != "BeginTime":
+        assert time.monotonic() < deadline and now.state not in slurm.ENDED, f"the job was not requeued: {now}"
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
+    outcome = slurm.follow(job, poll_seconds=0.5, timeout_seconds=400, echo=False)
+    log = (tmp_path / "job.out").read_text()
+    assert outcome.ok, f"{outcome}\n{log}"
+    assert "stopped by SIGUSR1" in log and f"requeueing job {job.job_id}" in log and "resuming from" in log
+    shown = subprocess.run(["scontrol", "show", "job", job.job_id], capture_output=True, text=True).stdout
+    assert "Restarts=1" in shown
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 * 16 and summary["resumed_from"]
+    # Both virtual nodes ran a DDP rank, each its share of every epoch, and rank 0 wrote the results.
+    assert summary["world_size"] == 2 and summary["distributed"] == "ddp"
+    assert sorted(r["node"] for r in summary["per_rank"]) == ["node1", "node2"]
+    assert len({r["steps"] for r in summary["per_rank"]}) == 1
+    assert (out / "metrics.jsonl").stat().st_size > 0 and (out / "checkpoints" / "last.pt").is_file()

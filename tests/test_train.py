@@ -134,3 +134,12 @@ def test_to_flags_round_trips_through_the_parser():
     assert {name: parsed[name] for name in options} == options
     with pytest.raises(TypeError, match="batchsize"):
         to_flags(batchsize=3)
+
+
+def test_an_unknown_loader_or_size_is_named_with_the_choices(quick):
+    from course_utils.config import UnknownSizeError
+
+    with pytest.raises(ValueError, match="unknown loader 'fast'; choose one of: torch, dali, gpu-aug"):
+        train(**quick, loader="fast")
+    with pytest.raises(UnknownSizeError, match="valid values: ci, workshop"):
+        train(**{**quick, "size": "huge"})

@@ -12,5 +12,9 @@ export OMP_NUM_THREADS=1
 if ((SLURM_NODEID == 0)); then
   echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes x $gpus processes, rendezvous at $head_node:$port"
 fi
-exec torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$gpus" \
+# torchrun starts its workers in their own sessions, out of reach of Slurm's signals: it passes
+# SIGUSR1 (--signal=USR1@...: checkpoint and stop) on to them, as it does SIGTERM, and gives them
+# --shutdown-timeout seconds to write their checkpoint.
+exec torchrun --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout=90 \
+    --nnodes="$SLURM_NNODES" --nproc-per-node="$gpus" \
     --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$head_node:$port" "$@"

@@ -29,7 +29,9 @@ from tqdm.auto import tqdm
 
 from course_utils import devices
 from course_utils.profiling import NO_RANGES
-from course_utils.train import Setup, TrainConfig, build_parser, next_batch, prepare, train_step
+from course_utils.run_config import TrainConfig
+from course_utils.step import Setup, next_batch, prepare, train_step
+from course_utils.train import build_parser
 
 BALANCE = 0.10  # IO and SYNTHETIC within 10 % of each other count as balanced
 

@@ -44,6 +44,7 @@ class Size:
     scaling_ranks: tuple[int, ...]  # notebook 08: process counts of the scaling study (capped by the devices)
     allreduce_max_bytes: int  # notebook 08: the largest all-reduce of the bandwidth sweep
     lr_study_epochs: int  # notebook 08: epochs of each learning-rate scaling case
+    lr_study_samples: int | None  # notebook 08: training images of each case (None: as train_samples)
     minutes_per_notebook: int  # what the README's time column promises
 
     def as_dict(self) -> dict:
@@ -62,7 +63,7 @@ SIZES: dict[str, Size] = {
         epochs=3,
         batch_size=64,
         lr=0.05,
-        workers=1,
+        workers=0,  # on a 2-core CI machine a worker process competes with training; 04 measures workers
         train_samples=2560,
         test_samples=512,
         log_every=5,
@@ -77,6 +78,7 @@ SIZES: dict[str, Size] = {
         scaling_ranks=(1, 2),
         allreduce_max_bytes=2**22,
         lr_study_epochs=1,
+        lr_study_samples=1280,
         minutes_per_notebook=1,
     ),
     "workshop": Size(
@@ -100,6 +102,7 @@ SIZES: dict[str, Size] = {
         scaling_ranks=(1, 2, 4, 8),
         allreduce_max_bytes=2**30,
         lr_study_epochs=5,
+        lr_study_samples=None,
         minutes_per_notebook=15,
     ),
 }

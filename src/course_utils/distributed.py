@@ -90,15 +90,22 @@ def setup(timeout_seconds: float = 600, backend: str | None = None, alone: bool 
         return where
     if torch.cuda.is_available():
         torch.cuda.set_device(where.local_rank % torch.cuda.device_count())
+    backend = backend or devices.distributed_backend()
+    timeout = timedelta(seconds=timeout_seconds)
     if where.source == "torchrun":
-        init_method = "env://"  # the store of torchrun's agent
-    elif where.source == "slurm":
+        # The store of torchrun's agent outlives a restart (--max-restarts): without a prefix of its
+        # own, a restarted rank can read the address a dead rank of the previous attempt left there.
+        store, _, _ = next(dist.rendezvous("env://", where.rank, where.world_size, timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"course/attempt-{attempt}", store),
+                                rank=where.rank, world_size=where.world_size, timeout=timeout)
+        return where
+    if where.source == "slurm":
         init_method = f"tcp://{where.master_addr}:{where.master_port}"  # rank 0 opens the store
     else:
         init_method = f"tcp://127.0.0.1:{free_port()}"
-    dist.init_process_group(backend or devices.distributed_backend(), init_method=init_method,
-                            rank=where.rank, world_size=where.world_size,
-                            timeout=timedelta(seconds=timeout_seconds))
+    dist.init_process_group(backend, init_method=init_method, rank=where.rank, world_size=where.world_size,
+                            timeout=timeout)
     return where
 
 

@@ -7,6 +7,10 @@ processes: DDP runs two gloo ranks, each with one thread, on the same cores a si
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,10 +18,11 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from course_utils import checkpoint, config
+from course_utils import checkpoint, config, preemption
 from course_utils.data import shard_sampler
 from course_utils.launch import launch
-from course_utils.train import NonFiniteLossError, to_flags, train
+from course_utils.loop import NonFiniteLossError
+from course_utils.train import to_flags, train
 
 CPU_RANKS = 2  # DDP ranks on a machine without GPUs
 
@@ -139,7 +144,7 @@ DDP_KNOBS: dict[str, dict[str, Any]] = {
     "defaults (25 MB buckets)": {},
     "1 MB buckets, gradient_as_bucket_view, static_graph": {"bucket_cap_mb": 1, "gradient_as_bucket_view": True,
                                                             "static_graph": True},
-    "grad_accum 2 (no_sync)": {"grad_accum": 2},
+    "grad_accum 2 (no_sync): one all-reduce per 2 batches": {"grad_accum": 2},
 }
 
 
@@ -171,6 +176,7 @@ def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -
     batch = options.pop("batch_size", None) or size.batch_size
     lr = options.pop("lr", None) or size.lr
     epochs = options.setdefault("epochs", size.lr_study_epochs)
+    options.setdefault("train_samples", size.lr_study_samples)
     warmup = min(1.0, epochs / 2)  # one epoch, or half of a shorter run
     out = Path(out or config.runs_dir() / "lr-scaling")
     cases = [("base batch", batch, lr, 0.0),
@@ -189,3 +195,27 @@ def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -
         rows.append({**row, "status": "ok", "steps": summary["steps"], "final_train_loss": summary["final_train_loss"],
                      "test_top1": summary["test_top1"], "test_top5": summary["test_top5"]})
     return pd.DataFrame(rows)
+
+
+def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals = signal.SIGUSR1,
+                    **options: Any) -> dict[str, Any]:
+    """Start a new run of the training command in ``out``, send it ``stop`` once a checkpoint at
+    ``stop_after_step`` or later exists (as Slurm does before a time limit), and report how it ended."""
+    out = Path(out)
+    folder = out / "checkpoints"
+    flags = to_flags(**{"progress": False, **options}, out=out)
+    started = time.time()
+    process = subprocess.Popen([sys.executable, "-m", "course_utils.train", *flags], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    while process.poll() is None:
+        saved = [int(path.stem.split("-")[1]) for path in folder.glob("step-*.pt")
+                 if path.stat().st_mtime >= started]  # not the checkpoints of an earlier run, being removed
+        if saved and max(saved) >= stop_after_step:
+            process.send_signal(stop)
+            break
+        time.sleep(0.05)
+    output = process.communicate(timeout=600)[0]
+    marker = out / preemption.MARKER
+    return {"exit_code": process.returncode, "signal": stop.name,
+            "marker": marker.read_text().strip() if marker.exists() else None,
+            "checkpoints": sorted(path.name for path in folder.glob("*.pt")), "output": output.strip()}

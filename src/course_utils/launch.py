@@ -44,9 +44,9 @@ class LaunchResult:
         return self.returncode == 0
 
 
-def torchrun_command(nproc: int, module: str, args: tuple[str, ...], log_dir: Path) -> list[str]:
+def torchrun_command(nproc: int, module: str, args: tuple[str, ...], log_dir: Path, max_restarts: int = 0) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "--tee=3", f"--log-dir={log_dir}", "-m", module, *args]
+            f"--max-restarts={max_restarts}", "--tee=3", f"--log-dir={log_dir}", "-m", module, *args]
 
 
 def _rank_logs(log_dir: Path) -> dict[int, str]:
@@ -90,10 +90,14 @@ def _forward(stream, lines: list[str], echo: bool) -> None:
 
 
 def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
-           timeout_seconds: float | None = None, echo: bool = True) -> LaunchResult:
-    """Run ``torchrun --standalone --nproc-per-node nproc -m module args...`` and wait for it."""
+           timeout_seconds: float | None = None, echo: bool = True, max_restarts: int = 0) -> LaunchResult:
+    """Run ``torchrun --standalone --nproc-per-node nproc -m module args...`` and wait for it.
+
+    ``max_restarts``: when a rank fails, torchrun ends the others and starts them all again, up to
+    this many times (with ``--resume auto`` the training continues from its last checkpoint).
+    """
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="torchrun-"))
-    command = torchrun_command(nproc, module, args, log_dir)
+    command = torchrun_command(nproc, module, args, log_dir, max_restarts)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                start_new_session=True)  # its own process group, to end it as a whole
     result = LaunchResult(returncode=-1)

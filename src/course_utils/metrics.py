@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,20 +34,33 @@ def json_safe(value: Any) -> Any:
 class MetricsWriter:
     """Appends records to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
 
-    def __init__(self, out_dir: Path, enabled: bool = True) -> None:
+    def __init__(self, out_dir: Path, enabled: bool = True, resume_step: int | None = None) -> None:
+        """A new run replaces what the folder held; a resumed one (``resume_step``) keeps the records
+        up to that step, drops the later ones (written after the checkpoint, they will be redone)
+        and appends."""
         self.out_dir = Path(out_dir)
         self.enabled = enabled
+        self.kept: list[dict[str, Any]] = []
         self._stream = None
         self._tensorboard = None
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            # A new run in the same folder replaces the old one, TensorBoard events included.
-            for old in (self.out_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*"):
-                old.unlink()
-            self._stream = open(self.out_dir / METRICS_FILE, "w")
-            self._tensorboard = SummaryWriter(str(self.out_dir / TENSORBOARD_DIR))
+            path = self.out_dir / METRICS_FILE
+            if resume_step is None:
+                for old in (self.out_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*"):
+                    old.unlink()
+            elif path.exists():
+                records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                self.kept = [r for r in records if r.get("step", 0) <= resume_step]
+                partial = path.with_name(path.name + ".tmp")  # replaced in one move: no record is lost
+                partial.write_text("".join(json.dumps(r) + "\n" for r in self.kept))
+                os.replace(partial, path)
+            self._stream = open(path, "a" if resume_step is not None else "w")
+            # purge_step: TensorBoard hides the events of the abandoned steps after the checkpoint.
+            self._tensorboard = SummaryWriter(str(self.out_dir / TENSORBOARD_DIR),
+                                              purge_step=None if resume_step is None else resume_step + 1)
 
     def record(self, record: dict[str, Any], scalars: dict[str, float] | None = None, step: int = 0) -> None:
         if not self.enabled:

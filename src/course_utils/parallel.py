@@ -77,6 +77,15 @@ def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on at least one."""
+    if not active():
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def gather(value: Any) -> list[Any]:
     """Every rank's ``value`` (picklable), in rank order, on every rank."""
     if not active():

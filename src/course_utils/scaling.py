@@ -72,16 +72,21 @@ def collect(run_dirs: Sequence[str | Path]) -> pd.DataFrame:
 
 
 def study(ranks: Sequence[int], mode: str = "weak", out: str | Path | None = None, echo: bool = False,
-          **train_options: Any) -> pd.DataFrame:
+          reuse: dict[int, str | Path] | None = None, **train_options: Any) -> pd.DataFrame:
     """Train at each rank count with torchrun on this machine and tabulate the throughput.
 
     ``train_options`` are the training command's options (``batch_size`` is global in strong
-    scaling, per rank in weak scaling; it defaults to the course size's batch).
+    scaling, per rank in weak scaling; it defaults to the course size's batch). ``reuse`` maps a
+    rank count to a finished run with the same settings (one rank of a weak study at batch B is the
+    one-rank point of a strong study at global batch B), which is read instead of run again.
     """
     batch = train_options.pop("batch_size", None) or config.get_size(train_options.get("size")).batch_size
     out = Path(out or config.runs_dir() / f"scaling-{mode}")
     summaries = []
     for count in tqdm(ranks, desc=f"{mode} scaling", unit="run"):
+        if reuse and count in reuse:
+            summaries.append(json.loads((Path(reuse[count]) / SUMMARY_FILE).read_text()))
+            continue
         run_dir = out / f"ranks-{count}"
         flags = to_flags(**{"progress": False, **train_options}, distributed="ddp",
                          batch_size=per_rank_batch(mode, batch, count), out=run_dir)

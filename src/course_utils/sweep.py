@@ -17,8 +17,14 @@ from tqdm.auto import tqdm
 from course_utils import devices, models
 from course_utils.monitor import Monitor
 from course_utils.profiling import NO_RANGES
-from course_utils.train import TrainConfig, next_batch, prepare, train_step
+from course_utils.run_config import TrainConfig
+from course_utils.step import next_batch, prepare, train_step
 
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A GPU's OutOfMemoryError, or the CPU allocator refusing a request (a plain RuntimeError)."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
 
 
 def _peak_memory_mib(device: torch.device, frame: pd.DataFrame) -> float | None:
@@ -62,7 +68,9 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
                    utilization_percent=device_rows["utilization_percent"].mean(),
                    power_watts=device_rows["power_watts"].mean(),
                    power_limit_watts=device_rows["power_limit_watts"].max())
-    except torch.OutOfMemoryError:
+    except RuntimeError as error:  # torch.OutOfMemoryError is one
+        if not is_out_of_memory(error):
+            raise
         row["status"] = "out of memory"
     finally:
         del setup
