@@ -144,7 +144,6 @@ DDP_KNOBS: dict[str, dict[str, Any]] = {
     "defaults (25 MB buckets)": {},
     "1 MB buckets, gradient_as_bucket_view, static_graph": {"bucket_cap_mb": 1, "gradient_as_bucket_view": True,
                                                             "static_graph": True},
-    "grad_accum 2 (no_sync): one all-reduce per 2 batches": {"grad_accum": 2},
 }
 
 
