@@ -105,16 +105,23 @@ def phase_split(phases: pd.DataFrame) -> Figure:
     return fig
 
 
-def progression_losses(table: pd.DataFrame) -> Figure:
-    """The training loss of every progression stage that ran, overlaid: the same training, faster or not."""
+def _loss_curves(table: pd.DataFrame, label: str, title: str, in_epochs: bool = False) -> Figure:
+    """The training loss of every run of ``table`` that finished (``status`` ok), overlaid; the x axis
+    in iterations, or in epochs to compare runs whose epochs have different step counts."""
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for row in table[table["status"] == "ok"].itertuples():
         steps = load_run(row.run).steps
-        ax.plot(steps["step"], steps["loss"], label=row.stage, alpha=0.8)
-    ax.set(xlabel="iteration", ylabel="training loss", title="Loss curves of every stage")
+        x = steps["step"] / steps["step"].max() * steps["epoch"].max() if in_epochs else steps["step"]
+        ax.plot(x, steps["loss"], label=getattr(row, label), alpha=0.85)
+    ax.set(xlabel="epochs" if in_epochs else "iteration", ylabel="training loss", title=title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def progression_losses(table: pd.DataFrame) -> Figure:
+    """The training loss of every progression stage that ran, overlaid: the same training, faster or not."""
+    return _loss_curves(table, "stage", "Loss curves of every stage")
 
 
 def progression_speed(table: pd.DataFrame) -> Figure:
@@ -218,11 +225,4 @@ def allreduce_bandwidth(table: pd.DataFrame) -> Figure:
 
 def lr_scaling(table: pd.DataFrame) -> Figure:
     """Training loss of each learning-rate case against the epochs seen, overlaid."""
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    for row in table[table["status"] == "ok"].itertuples():
-        steps = load_run(row.run).steps
-        ax.plot(steps["step"] / steps["step"].max() * steps["epoch"].max(), steps["loss"], label=row.case, alpha=0.85)
-    ax.set(xlabel="epochs", ylabel="training loss", title="Large batch: learning rate and warm-up")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return _loss_curves(table, "case", "Large batch: learning rate and warm-up", in_epochs=True)

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from course_utils import config
 from course_utils.launch import launch
 from course_utils.metrics import SUMMARY_FILE
-from course_utils.train import to_flags
+from course_utils.train import build_parser, to_flags
 
 MODES = ("strong", "weak")
 
@@ -110,10 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.collect:
         result = collect(args.collect)
     elif args.ranks:
-        from course_utils.train import build_parser as train_parser
-
-        options = {k: v for k, v in vars(train_parser().parse_args(train_flags)).items()
-                   if v != train_parser().get_default(k)}
+        train_parser = build_parser()
+        options = {k: v for k, v in vars(train_parser.parse_args(train_flags)).items()
+                   if v != train_parser.get_default(k)}
         result = study(args.ranks, args.mode, echo=True, **options)
     else:
         parser.error("give --ranks to run a study here, or --collect with finished runs")
