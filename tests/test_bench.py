@@ -2,13 +2,17 @@ import json
 import subprocess
 import sys
 
-from course_utils.bench import judge, triage
+import pandas as pd
+
+from course_utils.bench import VERDICTS, judge, recommend, triage
 
 
 def test_verdicts_on_controlled_ratios():
     assert judge(io=300, synthetic=1000, full=290)[0] == "input-bound"
     assert judge(io=3000, synthetic=1000, full=950)[0] == "compute-bound"
     assert judge(io=1020, synthetic=1000, full=800)[0] == "balanced"
+    verdict, explanation = judge(io=5000, synthetic=1000, full=800)
+    assert verdict == "not overlapped" and "250 us" in explanation  # 1/800 - 1/1000 s per image
     assert "0.30x" in judge(io=300, synthetic=1000, full=290)[1]
 
 
@@ -25,4 +29,16 @@ def test_command_line_prints_json(tiny_root):
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     triaged = json.loads(result.stdout.strip().splitlines()[-1])
-    assert triaged["verdict"] in ("input-bound", "compute-bound", "balanced") and triaged["io"] > 0
+    assert triaged["verdict"] in VERDICTS and triaged["io"] > 0
+
+
+def test_recommendation_follows_training_not_the_loader_alone():
+    # Two workers make the loader fastest but take cores from the model: training is slower with them.
+    sweep = pd.DataFrame([
+        {"workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None, "io": 9000, "full": 1500},
+        {"workers": 1, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 2, "io": 5000, "full": 1480},
+        {"workers": 2, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 4, "io": 12000, "full": 1300},
+    ])
+    assert recommend(sweep) == {"workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None}
+    sweep.loc[0, "full"] = 1000  # now training without workers waits for data: the cheapest good one wins
+    assert recommend(sweep) == {"workers": 1, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 2}

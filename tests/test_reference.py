@@ -9,4 +9,4 @@ def test_recorded_rows_come_back_with_device_and_date(tmp_path, monkeypatch):
     assert '"overhead_percent": null' in other.read_text()  # strict JSON: no NaN
     table = reference.table("baseline")
     assert list(table["model"]) == ["small_cnn"] and table["device"][0] == "Test GPU 80GB"
-    assert {"date", "torch", "images_per_second"} <= set(table.columns)
+    assert {"date", "torch", "cpu", "images_per_second"} <= set(table.columns)

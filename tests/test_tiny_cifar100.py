@@ -2,6 +2,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 from torchvision.datasets import CIFAR100
 
 from course_utils.cifar import (DatasetCorruptError, DatasetMissingError, VerifiedCIFAR100, describe,
@@ -42,7 +43,8 @@ def test_fine_classes_sit_under_their_real_superclasses(tiny_root):
 def test_torchvision_reader_reads_it(tiny_root):
     dataset = VerifiedCIFAR100(tiny_root, train=True)
     image, label = dataset[0]
-    assert len(dataset) == 600 and image.size == (32, 32) and 0 <= label < 100
+    assert len(dataset) == 600 and image.shape == (3, 32, 32) and image.dtype == torch.uint8 and 0 <= label < 100
+    assert torch.equal(image.permute(1, 2, 0), torch.from_numpy(dataset.data[0]))  # the pixels, unchanged
     assert dataset.classes == FINE_LABEL_NAMES
     assert sorted(set(dataset.targets)) == list(range(100))
     assert "tiny generated" in describe(tiny_root)

@@ -56,14 +56,18 @@ class _EpochSource:
         self.batch_size, self.drop_last = loader.batch_size, loader.drop_last
         self.order_args = dict(seed=loader.seed, shuffle=loader.shuffle, shard_id=loader.shard_id,
                                num_shards=loader.num_shards)
+        self.epoch, self.order = -1, np.empty(0, dtype=np.int64)
 
-    def __call__(self, info) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        order = shard_order(len(self.images), info.epoch_idx, **self.order_args)
+    def __call__(self, info) -> tuple[np.ndarray, np.ndarray]:
+        if info.epoch_idx != self.epoch:  # one permutation per epoch, not per batch
+            self.epoch, self.order = info.epoch_idx, shard_order(len(self.images), info.epoch_idx, **self.order_args)
+        order = self.order
         start = info.iteration * self.batch_size
         picked = order[start:start + self.batch_size]
         if len(picked) == 0 or (self.drop_last and len(picked) < self.batch_size):
             raise StopIteration
-        return [self.images[i] for i in picked], [self.labels[i:i + 1] for i in picked]
+        # One array per batch (outermost dimension: the samples), gathered at once rather than per sample.
+        return self.images[picked], self.labels[picked, None]
 
 
 class DaliLoader:

@@ -203,9 +203,8 @@ def _uint8_spec(spec: DataSpec) -> tuple[Dataset, Dataset]:
     """The data sets of ``spec`` as uint8 tensors, for loaders that augment elsewhere."""
     if spec.source != "cifar100":
         raise ValueError("--loader dali and gpu-aug read CIFAR-100 (--data cifar100)")
-    raw = v2.ToImage()
-    train = VerifiedCIFAR100(spec.root, train=True, transform=raw, prepare_hint=spec.prepare_hint)
-    test = VerifiedCIFAR100(spec.root, train=False, transform=raw, prepare_hint=spec.prepare_hint)
+    train = VerifiedCIFAR100(spec.root, train=True, prepare_hint=spec.prepare_hint)
+    test = VerifiedCIFAR100(spec.root, train=False, prepare_hint=spec.prepare_hint)
     return _first(train, spec.train_samples), _first(test, spec.test_samples)
 
 

@@ -155,17 +155,20 @@ def triage(table: pd.DataFrame) -> Figure:
 
 
 def loader_sweep(table: pd.DataFrame) -> Figure:
-    """Input-pipeline throughput against worker count, one line per combination of the other knobs."""
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    """The loader alone and training with it against worker count, one line per combination of the
+    other knobs: where the two panels disagree, the loader's speed is not what training gets."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     knobs = ["pin_memory", "persistent_workers", "prefetch_factor"]
-    for values, rows in table[table["workers"] > 0].groupby(knobs):
-        label = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in zip(knobs, values))
-        ax.plot(rows["workers"], rows["images_per_second"], "o-", label=label, alpha=0.8)
-    for row in table[table["workers"] == 0].itertuples():
-        ax.axhline(row.images_per_second, ls=":", color="0.4", label=f"no workers, pin_memory={row.pin_memory}")
-    ax.set(xlabel="DataLoader workers", ylabel="images per second (loader only)", title="DataLoader settings")
-    ax.set_xticks(sorted(table["workers"].unique()))
-    ax.legend(fontsize=7)
+    for ax, column, title in zip(axes, ("io", "full"), ("Loader alone (IO)", "Training with it (FULL)")):
+        for values, rows in table[table["workers"] > 0].groupby(knobs):
+            label = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in zip(knobs, values))
+            ax.plot(rows["workers"], rows[column], "o-", label=label, alpha=0.8)
+        for row in table[table["workers"] == 0].itertuples():
+            ax.axhline(getattr(row, column), ls=":", color="0.4", label=f"no workers, pin_memory={row.pin_memory}")
+        ax.set(xlabel="DataLoader workers", title=title)
+        ax.set_xticks(sorted(table["workers"].unique()))
+    axes[0].set(ylabel="images per second", yscale="log")
+    axes[1].legend(fontsize=7)
     fig.tight_layout()
     return fig
 

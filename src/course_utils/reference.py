@@ -24,15 +24,15 @@ def results_dir() -> Path:
 
 
 def table(benchmark: str) -> pd.DataFrame:
-    """All recorded rows of ``benchmark``, one per row, with device, size and date columns."""
+    """All recorded rows of ``benchmark``, one per row, with device, host CPU, date and torch columns."""
     rows = []
     for path in sorted(results_dir().glob("*.json")):
         result = json.loads(path.read_text())
         if result.get("benchmark") != benchmark:
             continue
         for row in result["rows"]:
-            rows.append({"device": result["device"], "date": result["date"],
-                         "torch": result["versions"].get("torch", ""), **row})
+            rows.append({"device": result["device"], "cpu": result.get("machine", {}).get("cpu", ""),
+                         "date": result["date"], "torch": result["versions"].get("torch", ""), **row})
     return pd.DataFrame(rows)
 
 
