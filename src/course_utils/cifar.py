@@ -83,9 +83,9 @@ class VerifiedCIFAR100(CIFAR100):
     samples are ``3 x 32 x 32`` uint8 tensors rather than PIL images.
 
     torchvision wraps each decoded array in a PIL image, which the transforms then turn back
-    into a tensor: for a 32x32 image that round trip costs several times the augmentation
-    itself, time a DataLoader pays per sample. ``prepare_hint`` is the shell command printed
-    when the data is missing or damaged.
+    into a tensor: for a 32x32 image that round trip makes a sample about 1.5x as expensive as
+    the augmentation alone, time a DataLoader pays per sample. ``prepare_hint`` is the shell
+    command printed when the data is missing or damaged.
     """
 
     def __init__(self, root: str | Path, train: bool = True, transform: Callable | None = None,

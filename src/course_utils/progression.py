@@ -3,8 +3,9 @@
 Each stage adds one technique to the stages before it and trains the same model on the same
 data with the same seed. A stage the device cannot do, or cannot do usefully, stays in the table
 as "not available on <device>: <reason>" and is left out of the stages after it. Every stage reads
-its data with the ``gpu-aug`` loader (notebook 04), which costs the step almost nothing on NVIDIA
-and AMD GPUs alike: a per-sample CPU pipeline could cap the faster stages and hide what they buy.
+its data with the ``gpu-aug`` loader (notebook 04), on NVIDIA and AMD GPUs alike: its loader only
+indexes uint8 arrays and its augmentation is a few batched operations on the device, where a
+per-sample CPU pipeline could cap the faster stages and hide what they buy.
 """
 
 from __future__ import annotations
