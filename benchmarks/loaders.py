@@ -2,8 +2,8 @@
 
 Sweeps the DataLoader knobs and takes the recommended setting (judged by training throughput, the
 median of several sweeps), then measures IO, SYNTHETIC and FULL for the torch, DALI and gpu-aug
-loaders in as many rounds, and records the medians with the spread of FULL/SYNTHETIC. Goal: FULL/SYNTHETIC >= 0.95 (the model
-never waits).
+loaders in as many rounds, and records the medians with the spread of FULL/SYNTHETIC.
+Goal: FULL/SYNTHETIC >= 0.95 (the model never waits).
 
     COURSE_SIZE=workshop python benchmarks/loaders.py [--rounds 3]
 """
@@ -40,6 +40,7 @@ def summarize(rounds: pd.DataFrame) -> pd.DataFrame:
         ratio = ran["full_over_synthetic"]
         rows.append({"loader": loader, **medians.to_dict(), "full_over_synthetic": ratio.median(),
                      "full_over_synthetic_min": ratio.min(), "full_over_synthetic_max": ratio.max(),
+                     "loading_us_per_image": bench.loading_cost_us(medians["full"], medians["synthetic"]),
                      "rounds": len(ran), "verdict": bench.judge(*medians[RATES])[0]})
     return pd.DataFrame(rows)
 

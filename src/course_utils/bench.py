@@ -54,6 +54,11 @@ class Triage:
         return asdict(self)
 
 
+def loading_cost_us(full: float, synthetic: float) -> float:
+    """Microseconds per image that training with the loader takes beyond the model alone."""
+    return 1e6 / full - 1e6 / synthetic
+
+
 def judge(io: float, synthetic: float, full: float) -> tuple[str, str]:
     """The verdict and its one-line explanation, with the ratios that justify it."""
     ratio = io / synthetic
@@ -66,10 +71,10 @@ def judge(io: float, synthetic: float, full: float) -> tuple[str, str]:
         return "balanced", (f"balanced: loader and model run at about the same rate ({io:.0f} vs {synthetic:.0f} "
                             f"images/s); {efficiency}. Speeding up either alone gains little.")
     if full < (1 - BALANCE) * synthetic:
-        lost = 1 / full - 1 / synthetic
         return "not overlapped", (
             f"not overlapped: the loader alone could deliver {ratio:.2f}x what the model trains on ({io:.0f} vs "
-            f"{synthetic:.0f} images/s), yet {efficiency}: loading still costs {lost * 1e6:.0f} us of every image's "
+            f"{synthetic:.0f} images/s), yet {efficiency}: loading still costs "
+            f"{loading_cost_us(full, synthetic):.0f} us of every image's "
             f"time. It runs between the steps (no workers) or takes turns with the model for the same cores "
             f"(workers on a CPU-only machine). Workers on spare cores, a cheaper pipeline (DALI, augmentation "
             f"in batch) or the GPU hide it.")
@@ -221,7 +226,8 @@ def compare_loaders(loaders: tuple[str, ...] = ("torch", "dali", "gpu-aug"), ste
             rows.append({"loader": loader, "verdict": f"not available: {error}"})
             continue
         rows.append({"loader": loader, "io": result.io, "synthetic": result.synthetic, "full": result.full,
-                     "full_over_synthetic": result.full / result.synthetic, "verdict": result.verdict})
+                     "full_over_synthetic": result.full / result.synthetic,
+                     "loading_us_per_image": loading_cost_us(result.full, result.synthetic), "verdict": result.verdict})
     return pd.DataFrame(rows)
 
 

@@ -169,9 +169,8 @@ def loaders_answer(comparison: pd.DataFrame, best_setting: dict) -> str:
                 f"the model's {row.synthetic:.0f}, and training reaches **{row.full_over_synthetic:.0%}** of "
                 f"what the model alone could do.")
         if row.verdict == "not overlapped":
-            lost, step = 1e6 / row.full - 1e6 / row.synthetic, 1e6 / row.synthetic
-            line += (f" Fast enough on its own, its work still adds **{lost:.0f} us** to each image's {step:.0f} us "
-                     f"of training, because it is not hidden behind the step.")
+            line += (f" Fast enough on its own, its work still adds **{row.loading_us_per_image:.0f} us** to each "
+                     f"image's {1e6 / row.synthetic:.0f} us of training, because it is not hidden behind the step.")
         lines.append(line)
     setting = ", ".join(f"{k}={v}" for k, v in best_setting.items())
     lines.append(f"- Recommended DataLoader setting here (the fewest workers whose training throughput is within "
