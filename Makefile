@@ -16,11 +16,13 @@ PIP_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup data lab test tensorboard clean
+.PHONY: help setup data lab lint test test-quick tensorboard clean
 
 help:
 	@echo "make lab          set up .venv, prepare the data for the active size, start JupyterLab"
 	@echo "make test         set up .venv, prepare the ci data, run unit tests and every notebook"
+	@echo "make test-quick   the same set-up, then only the unit tests not marked slow or distributed"
+	@echo "make lint         the linter (ruff, configured in pyproject.toml); make test runs it first"
 	@echo "make setup        only create .venv and install the pinned packages and course_utils"
 	@echo "make data         only prepare the data for the active size (COURSE_SIZE=ci|workshop)"
 	@echo "make tensorboard  serve the runs' TensorBoard logs on 127.0.0.1:6006"
@@ -41,9 +43,18 @@ lab: data
 	$(BIN)/jupyter lab --ip=$(HOST) --port=$(PORT) $(if $(filter 0,$(BROWSER)),--no-browser,) \
 		$(if $(filter 0,$(shell id -u)),--allow-root,)
 
-test: setup
+lint: setup
+	$(BIN)/ruff check .
+
+test: lint
 	COURSE_SIZE=ci $(BIN)/python -m data_prep --size ci
 	COURSE_SIZE=ci $(BIN)/python -m pytest
+
+# The unit tests that neither train for long nor start real processes (torchrun, the command, Slurm);
+# no notebooks. A check while editing: `make test` stays the one that counts.
+test-quick: lint
+	COURSE_SIZE=ci $(BIN)/python -m data_prep --size ci
+	COURSE_SIZE=ci $(BIN)/python -m pytest -m "not slow and not distributed" tests
 
 tensorboard: setup
 	$(BIN)/tensorboard --logdir $${COURSE_RUNS_DIR:-runs} --host 127.0.0.1 --port 6006

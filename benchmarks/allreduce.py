@@ -13,10 +13,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from course_utils import config, experiments, reference
-from course_utils.devices import default_device
-from course_utils.launch import launch
-from course_utils.step import device_name
+from course_utils import config
+from course_utils.devices import default_device, device_name
+from course_utils.lessons import data_parallel, reference
+from course_utils.parallel.launch import launch
 
 
 def main() -> None:
@@ -24,10 +24,10 @@ def main() -> None:
     parser.add_argument("--max-bytes", default=str(config.get_size().allreduce_max_bytes))
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
-    ranks = experiments.data_parallel_width()
+    ranks = data_parallel.data_parallel_width()
     with tempfile.TemporaryDirectory() as out:
         path = Path(out) / "allreduce.json"
-        result = launch(ranks, "course_utils.allreduce", "--max-bytes", args.max_bytes, "--iterations",
+        result = launch(ranks, "course_utils.parallel.allreduce", "--max-bytes", args.max_bytes, "--iterations",
                         str(args.iterations), "--out", str(path))
         if not result.ok:
             raise SystemExit(f"the all-reduce sweep failed (exit {result.returncode})")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 
-from course_utils import reference
+from course_utils.lessons import reference
 from course_utils.train import train
 
 
@@ -18,7 +18,8 @@ def main() -> None:
         summary = train(out=out, progress=False)
     cfg = summary["config"]
     later = summary["epoch_seconds"][1:] or summary["epoch_seconds"]
-    row = {"size": cfg["size"], "model": cfg["model"], "batch_size": cfg["batch_size"], "epochs": len(summary["epoch_seconds"]),
+    row = {"size": cfg["size"], "model": cfg["model"], "batch_size": cfg["batch_size"],
+           "epochs": len(summary["epoch_seconds"]),
            "workers": cfg["workers"], "images_per_second": summary["images_per_second"],
            "first_epoch_seconds": summary["first_epoch_seconds"], "later_epoch_seconds": statistics.mean(later),
            "first_iteration_ms": 1000 * summary["first_iteration_seconds"][0],

@@ -14,9 +14,9 @@ import argparse
 
 import pandas as pd
 
-from course_utils import bench, config, reference
-from course_utils.devices import default_device
-from course_utils.step import device_name
+from course_utils import config
+from course_utils.devices import default_device, device_name
+from course_utils.lessons import loader_study, reference, triage
 
 RATES = ["io", "synthetic", "full"]
 KNOBS = ["workers", "pin_memory", "persistent_workers", "prefetch_factor"]
@@ -40,8 +40,8 @@ def summarize(rounds: pd.DataFrame) -> pd.DataFrame:
         ratio = ran["full_over_synthetic"]
         rows.append({"loader": loader, **medians.to_dict(), "full_over_synthetic": ratio.median(),
                      "full_over_synthetic_min": ratio.min(), "full_over_synthetic_max": ratio.max(),
-                     "loading_us_per_image": bench.loading_cost_us(medians["full"], medians["synthetic"]),
-                     "rounds": len(ran), "verdict": bench.judge(*medians[RATES])[0]})
+                     "loading_us_per_image": triage.loading_cost_us(medians["full"], medians["synthetic"]),
+                     "rounds": len(ran), "verdict": triage.judge(*medians[RATES])[0]})
     return pd.DataFrame(rows)
 
 
@@ -50,11 +50,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="triage rounds per loader (default 3)")
     rounds = parser.parse_args().rounds
     size = config.get_size()
-    sweep = median_sweep(pd.concat([bench.loader_sweep(size.loader_workers) for _ in range(rounds)]))
+    sweep = median_sweep(pd.concat([loader_study.loader_sweep(size.loader_workers) for _ in range(rounds)]))
     print(sweep.round(1).to_string())
-    setting = bench.recommend(sweep)
+    setting = loader_study.recommend(sweep)
     print(f"recommended DataLoader setting: {setting}")
-    table = summarize(pd.concat([bench.compare_loaders(steps=size.sweep_steps * 10, **setting)
+    table = summarize(pd.concat([loader_study.compare_loaders(steps=size.sweep_steps * 10, **setting)
                                  for _ in range(rounds)]))
     print(table.round(3).to_string())
     rows = [{"size": size.name, "model": size.model, "batch_size": size.batch_size, **setting, **row}

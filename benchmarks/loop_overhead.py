@@ -19,11 +19,14 @@ import time
 import torch
 from torch import nn
 
-from course_utils import devices, models, reference
-from course_utils.data import SyntheticImages, build_loader
-from course_utils.timing import warmup_steps
-from course_utils.step import seed_everything
+from course_utils import devices
+from course_utils.data.datasets import SyntheticImages
+from course_utils.data.loaders import build_loader
+from course_utils.lessons import reference
+from course_utils.observe.clocks import warmup_steps
 from course_utils.train import train
+from course_utils.training import models
+from course_utils.training.setup import seed_everything
 
 
 def bare_loop(model_name: str, batch_size: int, steps: int, device: torch.device) -> float:

@@ -13,7 +13,7 @@ import argparse
 import statistics
 import tempfile
 
-from course_utils import reference
+from course_utils.lessons import reference
 from course_utils.train import train
 
 MODES = {"plain": {}, "monitor": {"monitor": "auto", "monitor_interval": 0.5}, "trace": {"trace": "TRACE"}}

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from course_utils import config, experiments, reference
-from course_utils.devices import default_device
-from course_utils.step import device_name
+from course_utils import config
+from course_utils.devices import default_device, device_name
+from course_utils.lessons import data_parallel, reference
 
 
 def main() -> None:
@@ -30,16 +30,17 @@ def main() -> None:
     tables = []
     with tempfile.TemporaryDirectory() as out:
         for repeat in range(args.repeats):
-            table = experiments.compare_modes(steps=args.steps, out=Path(out) / str(repeat))
+            table = data_parallel.compare_modes(steps=args.steps, out=Path(out) / str(repeat))
             tables.append(table.assign(repeat=repeat))
     every = pd.concat(tables)
     summary = every.groupby("mode", sort=False).agg(
         devices=("devices", "first"), global_batch=("global_batch", "first"),
-        images_per_second=("images_per_second", "median"), spread=("images_per_second", lambda v: v.max() / v.min() - 1),
+        images_per_second=("images_per_second", "median"),
+        spread=("images_per_second", lambda v: v.max() / v.min() - 1),
         speedup=("speedup", "median"), steady_iteration_seconds=("steady_iteration_seconds", "median")).reset_index()
     print(summary.round(3).to_string(index=False))
     rows = [{"size": size.name, "model": size.model, "batch_per_device": size.batch_size, "steps": args.steps,
-             "repeats": args.repeats, "gpus": experiments.gpu_count(), **row} for row in summary.to_dict("records")]
+             "repeats": args.repeats, "gpus": data_parallel.gpu_count(), **row} for row in summary.to_dict("records")]
     print(f"recorded in {reference.record('parallel_modes', rows, device_name(default_device()))}")
 
 

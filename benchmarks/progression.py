@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from course_utils import config, reference
-from course_utils.devices import default_device
-from course_utils.progression import run_progression
-from course_utils.step import device_name
+from course_utils import config
+from course_utils.devices import default_device, device_name
+from course_utils.lessons import reference
+from course_utils.lessons.progression import run_progression
 
 
 def summarize(rounds: list[pd.DataFrame]) -> pd.DataFrame:

@@ -5,7 +5,7 @@
 
 The goal on GPUs: at least 90 % efficiency at 8 GPUs for ResNet-50 on CIFAR-100-sized inputs
 (weak scaling). For several nodes, submit the job scripts with --nodes 1, 2, 4 and tabulate the
-finished runs with ``python -m course_utils.scaling --collect``.
+finished runs with ``python -m course_utils.lessons.scaling --collect``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from course_utils import config, experiments, reference, scaling
-from course_utils.devices import default_device
-from course_utils.step import device_name
+from course_utils import config
+from course_utils.devices import default_device, device_name
+from course_utils.lessons import data_parallel, reference, scaling
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--model", default=size.model)
     parser.add_argument("--steps", type=int, default=3 * size.parallel_steps)
     args = parser.parse_args()
-    counts = [count for count in size.scaling_ranks if count <= experiments.data_parallel_width()]
+    counts = [count for count in size.scaling_ranks if count <= data_parallel.data_parallel_width()]
     options = {"model": args.model, "max_steps": args.steps}
     with tempfile.TemporaryDirectory() as out:
         weak = scaling.study(counts, "weak", out=Path(out) / "weak", **options)

@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-from course_utils import config, reference
-from course_utils.devices import default_device
-from course_utils.sweep import sweep
-from course_utils.step import device_name
+from course_utils import config
+from course_utils.devices import default_device, device_name
+from course_utils.lessons import reference
+from course_utils.lessons.sweep import sweep
 
 
 def main() -> None:

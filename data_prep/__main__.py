@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from course_utils import config
-from course_utils.cifar import describe, mismatched_files
+from course_utils.data.cifar import describe, mismatched_files
 from data_prep import cifar100, tiny_cifar100
 
 

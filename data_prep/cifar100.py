@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from course_utils.cifar import FOLDER, file_md5, mismatched_files
+from course_utils.data.cifar import FOLDER, file_md5, mismatched_files
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
 ARCHIVE_MD5 = "eb9058c3a382ffc7106e4002c42a8d85"

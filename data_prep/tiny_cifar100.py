@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from course_utils.cifar import FOLDER, MANIFEST, file_md5
+from course_utils.data.cifar import FOLDER, MANIFEST, file_md5
 from data_prep.labels import COARSE_LABEL_NAMES, COARSE_OF_FINE, FINE_LABEL_NAMES
 
 NUM_CLASSES = len(FINE_LABEL_NAMES)

@@ -1,11 +1,22 @@
-"""Shared fixtures: a small generated CIFAR-100 and quick training options."""
+"""Shared fixtures: a small generated CIFAR-100, quick training options, readers of a run folder, a free port,
+and the one torchrun self-check of the session."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
+from course_utils.parallel import process_group
+from course_utils.parallel.launch import LaunchResult, launch
+from course_utils.run_folder import RunFolder
+from course_utils.training import checkpoint
 from data_prep.tiny_cifar100 import generate
 
 
@@ -22,3 +33,49 @@ def quick(tiny_root: Path, tmp_path: Path) -> dict:
     """Options for a training run of a few seconds on the CPU."""
     return dict(size="ci", data_dir=str(tiny_root), train_samples=256, test_samples=128, epochs=2,
                 batch_size=32, workers=0, log_every=2, out=str(tmp_path / "run"), progress=False, device="cpu")
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port nobody listens on right now, for a rendezvous the test sets up itself."""
+    return process_group.free_port()
+
+
+def _weights(out: Path | str) -> dict[str, torch.Tensor]:
+    return checkpoint.load(RunFolder(out).last_checkpoint)["model"]
+
+
+def _summary(out: Path | str) -> dict[str, Any]:
+    return RunFolder(out).read_summary()
+
+
+@pytest.fixture(scope="session")
+def run_weights() -> Callable[[Path | str], dict[str, torch.Tensor]]:
+    """``run_weights(out)``: the model weights in the last checkpoint of the run whose ``--out`` is ``out``."""
+    return _weights
+
+
+@pytest.fixture(scope="session")
+def run_summary() -> Callable[[Path | str], dict[str, Any]]:
+    """``run_summary(out)``: the ``summary.json`` of the finished run whose ``--out`` is ``out``."""
+    return _summary
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """What one torchrun of the process group's self-check gave: its result and what it streamed."""
+
+    result: LaunchResult
+    streamed: str  # what launch printed while the ranks ran, as a notebook cell shows it
+
+
+@pytest.fixture(scope="session")
+def torchrun_self_check(tmp_path_factory: pytest.TempPathFactory) -> SelfCheck:
+    """``torchrun --standalone --nproc-per-node 2 -m course_utils.parallel.process_group`` (two gloo ranks),
+    run once for the session: the tests of the process group and of ``launch`` both read it, and starting
+    torchrun costs seconds."""
+    streamed = io.StringIO()
+    with contextlib.redirect_stdout(streamed):  # launch prints from a thread, to whatever sys.stdout is then
+        result = launch(2, "course_utils.parallel.process_group", log_dir=tmp_path_factory.mktemp("self-check"),
+                        timeout_seconds=180)
+    return SelfCheck(result, streamed.getvalue())

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from course_utils import checkpoint
+from course_utils.run_folder import RunFolder
+from course_utils.training import checkpoint
 
 
 class Unpicklable:
@@ -10,17 +11,17 @@ class Unpicklable:
 
 
 def test_round_trip(tmp_path):
-    path = checkpoint.save_atomic({"model": {"w": torch.arange(3.0)}, "step": 7}, tmp_path / "c" / "last.pt")
+    path = checkpoint.save_atomic({"model": {"w": torch.arange(3.0)}, "step": 7}, RunFolder(tmp_path).last_checkpoint)
     loaded = checkpoint.load(path)
     assert loaded["step"] == 7 and torch.equal(loaded["model"]["w"], torch.arange(3.0))
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path):
-    path = checkpoint.save_atomic({"step": 1}, tmp_path / "last.pt")
+    path = checkpoint.save_atomic({"step": 1}, RunFolder(tmp_path).last_checkpoint)
     with pytest.raises(RuntimeError, match="simulated"):
         checkpoint.save_atomic({"step": 2, "bad": Unpicklable()}, path)
     assert checkpoint.load(path)["step"] == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
 
 
 def test_loading_refuses_code(tmp_path):

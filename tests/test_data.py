@@ -2,7 +2,9 @@ import pytest
 import torch
 from PIL import Image
 
-from course_utils.data import DataSpec, SyntheticImages, build_datasets, build_loader, train_transform
+from course_utils.data.datasets import DataSpec, SyntheticImages, build_datasets
+from course_utils.data.loaders import build_loader
+from course_utils.data.transforms import train_transform
 
 
 def test_cifar_batches_have_the_training_shapes(tiny_root):

@@ -4,11 +4,15 @@ import json
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
-from course_utils import checkpoint, models
-from course_utils.data import shard_sampler
-from course_utils.launch import launch
-from course_utils.train import to_flags, train
+from course_utils.data.loaders import shard_sampler
+from course_utils.parallel.launch import launch
+from course_utils.run_folder import RunFolder
+from course_utils.train import train
+from course_utils.training import models
+from course_utils.training.options import TrainOptions, to_flags
+from course_utils.training.setup import prepare
 
 
 def _options(tiny_root, out, **extra) -> dict:
@@ -16,10 +20,6 @@ def _options(tiny_root, out, **extra) -> dict:
     return {"size": "ci", "data_dir": tiny_root, "model": "small_cnn_gn", "train_samples": 512,
             "test_samples": 100, "max_steps": 6, "log_every": 2, "workers": 0, "device": "cpu", "seed": 3,
             "augment": False, "progress": False, "out": out, **extra}
-
-
-def _weights(out):
-    return checkpoint.load(out / "checkpoints" / "last.pt")["model"]
 
 
 def _single(tiny_root, out, **extra):
@@ -39,10 +39,12 @@ def ddp_run(tiny_root, tmp_path_factory):
     return _ddp(tiny_root, out, batch_size=16), out
 
 
-def test_ddp_on_two_ranks_equals_one_process_with_the_doubled_batch(ddp_run, tiny_root, tmp_path):
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ddp_on_two_ranks_equals_one_process_with_the_doubled_batch(ddp_run, tiny_root, tmp_path, run_weights):
     _, out = ddp_run
     single = _single(tiny_root, tmp_path / "single", batch_size=32)
-    ddp, one = _weights(out), _weights(tmp_path / "single")
+    ddp, one = run_weights(out), run_weights(tmp_path / "single")
     assert single["steps"] == 6
     for name in one:
         torch.testing.assert_close(ddp[name], one[name], rtol=1e-5, atol=1e-6)
@@ -51,25 +53,30 @@ def test_ddp_on_two_ranks_equals_one_process_with_the_doubled_batch(ddp_run, tin
     assert any(not torch.allclose(ddp[name], start[name]) for name in ddp)
 
 
-def test_each_rank_runs_its_share_and_rank_zero_writes(ddp_run):
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_each_rank_runs_its_share_and_rank_zero_writes(ddp_run, run_summary):
     result, out = ddp_run
-    summary = json.loads((out / "summary.json").read_text())
+    run = RunFolder(out)
+    summary = run_summary(out)
     assert summary["world_size"] == 2 and summary["global_batch_size"] == 32
     ranks = result.per_rank
     assert list(ranks["rank"]) == [0, 1] and list(ranks["steps"]) == [6, 6]
     assert list(ranks["images"]) == [96, 96]
     # 512 samples over 2 ranks at batch 16: 16 iterations per epoch each, half of one process's 32 at that batch.
     assert summary["steps_per_epoch"] == 16
-    assert len(list(out.glob("summary.json"))) == 1 and len(list(out.glob("tensorboard/events.*"))) == 1
-    epoch = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    assert len(list(run.tensorboard.glob("events.*"))) == 1  # rank 0's alone
+    epoch = [json.loads(line) for line in run.metrics.read_text().splitlines()][-1]
     assert [r["rank"] for r in epoch["ranks"]] == [0, 1]
 
 
-def test_gradient_accumulation_with_no_sync_equals_the_full_batch(tiny_root, tmp_path):
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_gradient_accumulation_with_no_sync_equals_the_full_batch(tiny_root, tmp_path, run_weights):
     out = tmp_path / "accum"
     _ddp(tiny_root, out, batch_size=8, grad_accum=2)
     _single(tiny_root, tmp_path / "single", batch_size=32)
-    accumulated, one = _weights(out), _weights(tmp_path / "single")
+    accumulated, one = run_weights(out), run_weights(tmp_path / "single")
     for name in one:
         torch.testing.assert_close(accumulated[name], one[name], rtol=1e-5, atol=1e-6)
 
@@ -78,6 +85,19 @@ def test_ddp_knobs_train(quick):
     summary = train(**{**quick, "max_steps": 4}, distributed="ddp", bucket_cap_mb=1, gradient_as_bucket_view=True,
                     static_graph=True)
     assert summary["distributed"] == "ddp" and summary["world_size"] == 1 and summary["steps"] == 4
+
+
+@pytest.mark.parametrize("knobs,expected", [
+    ({}, (25 * 2**20, False, False)),  # PyTorch's defaults
+    ({"bucket_cap_mb": 1, "gradient_as_bucket_view": True, "static_graph": True}, (2**20, True, True)),
+], ids=["defaults", "set"])
+def test_ddp_knobs_reach_the_ddp_wrapper(quick, knobs, expected):
+    """A group of one, set up as a run sets it up: the options must arrive in torch's DistributedDataParallel.
+    A dropped option fails nothing; it would only show as slower training."""
+    with prepare(TrainOptions.from_keywords(**quick, distributed="ddp", **knobs)) as setup:
+        ddp = setup.wrapped
+        assert isinstance(ddp, DistributedDataParallel) and ddp.module is setup.model
+        assert (ddp.bucket_bytes_cap, ddp.gradient_as_bucket_view, ddp.static_graph) == expected
 
 
 def test_dataparallel_without_gpus_runs_on_one_device(quick):

@@ -1,15 +1,22 @@
+import pytest
 import torch
 
 from course_utils import devices
 
 
-def test_cpu_machine_uses_gloo():
+def test_a_machine_without_gpus_trains_on_the_cpu_with_gloo(monkeypatch):
+    """What a laptop or a CPU-only CI runner gets, on any machine: torch is told it sees no GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     acc = devices.detect()
-    if torch.cuda.is_available():
-        assert acc.backend == "nccl" and acc.device_count == torch.cuda.device_count()
-    else:
-        assert acc.kind == "cpu" and acc.backend == "gloo" and not acc.has_gpu
-        assert devices.default_device() == torch.device("cpu")
+    assert acc.kind == "cpu" and acc.backend == "gloo" and not acc.has_gpu
+    assert devices.distributed_backend() == "gloo" and devices.default_device() == torch.device("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a visible GPU")
+def test_a_gpu_machine_uses_nccl_over_every_visible_gpu():
+    acc = devices.detect()
+    assert acc.kind in ("cuda", "rocm") and acc.backend == "nccl"
+    assert acc.device_count == torch.cuda.device_count() and devices.default_device().type == "cuda"
 
 
 def test_report_names_torch_and_backend():

@@ -1,5 +1,6 @@
+"""Where a process sits in a job, and the process group for real: torchrun's self-check, a rank left alone."""
+
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.distributed import Placement, first_host, placement
+from course_utils.parallel.process_group import Placement, first_host, placement
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
@@ -37,23 +38,26 @@ def test_single_process_without_launcher():
     assert placement({}) == Placement() and not placement({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).distributed
 
 
-def test_torchrun_self_check_with_gloo():
-    result = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "course_utils.distributed"],
-                            capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.count("ok (backend gloo") == 2
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_torchrun_self_check_with_gloo(torchrun_self_check):
+    """The docstring's ``torchrun ... -m course_utils.parallel.process_group``: both ranks all-reduce over gloo
+    and agree. One run per session, shared with test_launch."""
+    assert os.access(TORCHRUN, os.X_OK), f"{TORCHRUN} is missing: the course's commands and job scripts call it"
+    result = torchrun_self_check.result
+    assert result.returncode == 0, "\n".join(result.lines[-30:])
+    checks = [line for line in result.lines if "ok (backend gloo" in line]
+    assert len(checks) == 2, "\n".join(result.lines[-30:])
+    assert all(any(f"[rank {rank}/2] torchrun:" in line for line in checks) for rank in (0, 1)), checks
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_a_rank_whose_peers_never_come_fails_instead_of_hanging():
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_rank_whose_peers_never_come_fails_instead_of_hanging(free_port):
     env = {**os.environ, "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port())}
-    code = "from course_utils.distributed import setup; setup(timeout_seconds=3)"
+           "MASTER_PORT": str(free_port)}
+    code = "from course_utils.parallel.process_group import join; join(timeout_seconds=3)"
     start = time.monotonic()
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and time.monotonic() - start < 60
+    assert "timed out" in result.stderr, result.stderr[-2000:]  # its own timeout ended it, not another error

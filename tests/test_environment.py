@@ -1,6 +1,7 @@
 """pyproject.toml and environment.yml must pin the same packages at the same versions."""
 
 import re
+
 import tomllib
 
 from course_utils.config import checkout_root

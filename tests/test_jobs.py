@@ -1,7 +1,6 @@
 """Job scripts must be valid bash and call the course's entry point with flags it knows; the cloud
 recipe runs for real as two 'VMs' on this machine."""
 
-import json
 import os
 import re
 import subprocess
@@ -10,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.allreduce import build_parser as allreduce_parser
 from course_utils.config import checkout_root
-from course_utils.distributed import free_port
-from course_utils.train import build_parser as train_parser
+from course_utils.parallel.allreduce import build_parser as allreduce_parser
+from course_utils.training.options import build_parser as train_parser
 
 SCRIPTS = sorted(p for p in (checkout_root() / "jobs").rglob("*") if p.suffix in (".sbatch", ".sh"))
-ENTRY_POINTS = {"course_utils.train": train_parser(), "course_utils.allreduce": allreduce_parser()}
+ENTRY_POINTS = {"course_utils.train": train_parser(), "course_utils.parallel.allreduce": allreduce_parser()}
 
 
 def _flags(script: Path, module: str) -> list[str]:
@@ -42,9 +40,11 @@ def test_job_script(script):
         assert set(flags) <= known, f"unknown flags for {module}: {set(flags) - known}"
 
 
-def test_cloud_recipe_joins_two_nodes_through_c10d(tiny_root, tmp_path):
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_cloud_recipe_joins_two_nodes_through_c10d(tiny_root, tmp_path, free_port, run_summary):
     out = tmp_path / "run"
-    env = {**os.environ, "HEAD": "127.0.0.1", "PORT": str(free_port()), "NNODES": "2", "NPROC_PER_NODE": "1",
+    env = {**os.environ, "HEAD": "127.0.0.1", "PORT": str(free_port), "NNODES": "2", "NPROC_PER_NODE": "1",
            "COURSE_VENV": sys.prefix, "COURSE_SIZE": "ci", "RUN_ID": tmp_path.name}
     args = ["--data-dir", str(tiny_root), "--device", "cpu", "--workers", "0", "--max-steps", "3", "--batch-size", "8",
             "--train-samples", "64", "--test-samples", "16", "--out", str(out)]
@@ -52,7 +52,7 @@ def test_cloud_recipe_joins_two_nodes_through_c10d(tiny_root, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = run_summary(out)
     assert summary["world_size"] == 2 and [r["steps"] for r in summary["per_rank"]] == [3, 3]
 
 

@@ -1,3 +1,6 @@
+"""torchrun from a notebook cell: every rank's output streamed, failures shown, the whole group ended on a
+timeout or an interrupt."""
+
 import os
 import signal
 import threading
@@ -6,13 +9,15 @@ import time
 import psutil
 import pytest
 
-from course_utils.launch import launch
+from course_utils.parallel.launch import launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # every test here starts torchrun and its ranks
 
 
-def test_streams_every_rank_and_returns_the_exit_code(tmp_path, capsys):
-    result = launch(2, "course_utils.distributed", log_dir=tmp_path)
-    assert result.ok and result.returncode == 0
-    streamed = capsys.readouterr().out
+def test_streams_every_rank_and_returns_the_exit_code(torchrun_self_check):
+    """The session's one run of the self-check (see conftest), read for what launch made of it."""
+    result, streamed = torchrun_self_check.result, torchrun_self_check.streamed
+    assert result.ok and result.returncode == 0, "\n".join(result.lines[-30:])
     assert "[default0]:[rank 0/2]" in streamed and "[default1]:[rank 1/2]" in streamed
     assert sorted(result.rank_logs) == [0, 1] and "ok (backend gloo" in result.rank_logs[1]
 
@@ -32,6 +37,14 @@ def _survivors(marker: str) -> list[psutil.Process]:
     return found
 
 
+def _assert_all_ended(marker: str, timeout: float = 10.0) -> None:
+    """Every process started with ``marker`` in its command line ends within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while survivors := _survivors(marker):
+        assert time.monotonic() < deadline, f"still running {timeout:.0f} s after the end: {survivors}"
+        time.sleep(0.1)
+
+
 def test_timeout_ends_the_whole_group(tmp_path):
     marker = str(tmp_path)
     start = time.monotonic()
@@ -39,8 +52,7 @@ def test_timeout_ends_the_whole_group(tmp_path):
         # timeit with a huge count keeps both ranks busy until they are ended
         launch(2, "timeit", "-n", "1000000000", "pass", log_dir=tmp_path, timeout_seconds=3, echo=False)
     assert time.monotonic() - start < 60
-    time.sleep(1)
-    assert _survivors(marker) == []
+    _assert_all_ended(marker)
 
 
 def test_interrupting_the_cell_ends_the_whole_group(tmp_path):
@@ -49,5 +61,4 @@ def test_interrupting_the_cell_ends_the_whole_group(tmp_path):
     threading.Timer(3, os.kill, (os.getpid(), signal.SIGINT)).start()
     with pytest.raises(KeyboardInterrupt):
         launch(2, "timeit", "-n", "1000000000", "pass", log_dir=tmp_path, echo=False)
-    time.sleep(1)
-    assert _survivors(marker) == []
+    _assert_all_ended(marker)

@@ -7,10 +7,12 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as TF
 
-from course_utils import dali
-from course_utils.data import CIFAR100_MEAN, CIFAR100_STD, DataSpec, build_datasets, make_loaders
-from course_utils.gpu_augment import BatchAugment
-from course_utils.metrics import load_run
+from course_utils.data import dali
+from course_utils.data.datasets import DataSpec, build_datasets
+from course_utils.data.gpu_augment import BatchAugment
+from course_utils.data.loaders import make_loaders
+from course_utils.data.transforms import CIFAR100_MEAN, CIFAR100_STD
+from course_utils.observe.metrics import load_run
 from course_utils.train import train
 
 CPU = torch.device("cpu")
@@ -53,7 +55,7 @@ def test_shards_cover_the_data_exactly_once(count, shards):
 @pytest.mark.parametrize("kind", ["dali", "torch"])
 def test_training_shards_split_the_labels(tiny_root, kind):
     shards = [make_loaders(kind, _spec(tiny_root), 8, CPU, shard_id=s, num_shards=2) for s in (0, 1)]
-    labels = [torch.cat([l for _, l in loaders.train]) for loaders in shards]
+    labels = [torch.cat([batch_labels for _, batch_labels in loaders.train]) for loaders in shards]
     assert len(labels[0]) == len(labels[1]) == 48
     assert sorted(torch.cat(labels).tolist()) == sorted(build_datasets(_spec(tiny_root))[0].dataset.targets[:96])
 
@@ -78,13 +80,15 @@ def test_gpu_augment_crops_and_flips_like_the_cpu_transforms():
     pad = 4
     for image, result in zip(images, augmented):
         padded = TF.pad(TF.to_dtype(image, torch.float32, scale=True), [pad])
-        candidates = [TF.crop(padded, top, left, 32, 32) for top, left in itertools.product(range(2 * pad + 1), repeat=2)]
+        offsets = itertools.product(range(2 * pad + 1), repeat=2)
+        candidates = [TF.crop(padded, top, left, 32, 32) for top, left in offsets]
         candidates += [TF.horizontal_flip(c) for c in candidates]
         normalized = [TF.normalize(c, list(CIFAR100_MEAN), list(CIFAR100_STD)) for c in candidates]
         assert any(torch.allclose(result, c, atol=1e-6) for c in normalized)
     assert not torch.allclose(augmented, BatchAugment(32, augment=False)(images))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["dali", "gpu-aug"])
 def test_each_loader_trains(quick, tmp_path, loader):
     summary = train(**{**quick, "out": str(tmp_path), "loader": loader, "epochs": 3})
@@ -93,6 +97,7 @@ def test_each_loader_trains(quick, tmp_path, loader):
     assert summary["config"]["loader"] == loader
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_worker_processes_forked_after_dali_do_not_hang(quick, tmp_path):
     # A DALI pipeline left to the garbage collector used to be inherited by DataLoader workers forked

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torchvision import models as tv
 
-from course_utils import models
+from course_utils.training import models
 
 STEM_7x7, STEM_3x3 = 64 * 3 * 7 * 7, 64 * 3 * 3 * 3
 

@@ -1,15 +1,21 @@
 import json
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from course_utils.monitor import BackendUnavailable, Monitor, open_backend, parse_nvidia_smi, parse_rocm_smi, summarize
-from course_utils.monitor.views import live, timeline
+from course_utils.observe.monitor import (
+    BackendUnavailable,
+    Monitor,
+    open_backend,
+    parse_nvidia_smi,
+    parse_rocm_smi,
+    summarize,
+)
+from course_utils.observe.monitor.__main__ import main
+from course_utils.observe.monitor.views import live, timeline
 
 FIXTURES = Path(__file__).parent / "fixtures" / "monitor"
 
@@ -107,16 +113,15 @@ def test_timeline_plot_and_no_live_view_without_a_person():
     assert len(figure.axes) == 3
 
 
-def test_command_line_once_as_json():
-    result = subprocess.run([sys.executable, "-m", "course_utils.monitor", "--backend", "cpu", "--once", "--json"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    sample = json.loads(result.stdout.strip())
+def test_command_line_once_as_json(capsys):
+    code = main(["--backend", "cpu", "--once", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    sample = json.loads(out.strip())
     assert sample["backend"] == "cpu" and sample["memory_total_mib"] > 0
 
 
 @pytest.mark.skipif(_on_path("nvidia-smi"), reason="nvidia-smi is installed here")
-def test_command_line_refuses_an_absent_backend():
-    result = subprocess.run([sys.executable, "-m", "course_utils.monitor", "--backend", "nvidia-smi", "--once"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1 and "nvidia-smi" in result.stderr
+def test_command_line_refuses_an_absent_backend(capsys):
+    assert main(["--backend", "nvidia-smi", "--once"]) == 1
+    assert "nvidia-smi" in capsys.readouterr().err

@@ -3,10 +3,12 @@
 import pytest
 import torch
 
-from course_utils import checkpoint
-from course_utils.metrics import load_run
-from course_utils.progression import STAGES, unavailable
+from course_utils.lessons import progression
+from course_utils.lessons.progression import STAGES, unavailable
+from course_utils.observe.metrics import load_run
+from course_utils.run_folder import RunFolder
 from course_utils.train import train
+from course_utils.training import checkpoint
 
 CPU = torch.device("cpu")
 
@@ -16,6 +18,7 @@ def _loss_falls(out) -> bool:
     return losses.iloc[-2:].mean() < losses.iloc[:2].mean() - 0.05
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [
     {"amp": "bf16"},
     {"channels_last": True},
@@ -28,24 +31,58 @@ def test_option_trains_and_loss_falls(quick, tmp_path, options):
     assert _loss_falls(tmp_path)
 
 
+@pytest.mark.slow
 def test_fp16_on_cpu_runs_with_a_grad_scaler(quick, tmp_path):
     train(**{**quick, "out": str(tmp_path), "amp": "fp16", "batch_size": 8, "train_samples": 48, "epochs": 1})
-    state = checkpoint.load(tmp_path / "checkpoints" / "last.pt")
+    state = checkpoint.load(RunFolder(tmp_path).last_checkpoint)
     assert state["scaler"]["scale"] > 0  # the scaler was enabled and saved with the run
 
 
-def test_fp16_stage_on_cpu_runs_or_says_why(quick):
+@pytest.mark.parametrize("fp16_rate,expected", [
+    (100.0, "fp16 runs, but 10x slower than fp32 here (100 vs 1000 images/s in a probe)"),
+    (400.0, None),  # 2.5x slower: within SLOWDOWN_LIMIT, still worth showing
+], ids=["slow-fp16", "usable-fp16"])
+def test_fp16_stage_on_cpu_is_kept_only_when_fp16_is_not_much_slower(monkeypatch, fp16_rate, expected):
+    """The probe's verdict from rates set here (fp32 at 1000 images/s), whatever this CPU is."""
+    rates = {"off": 1000.0, "fp16": fp16_rate}
+    monkeypatch.setattr(progression, "measure_setting",
+                        lambda model, batch_size, amp, **options: {"images_per_second": rates[amp]})
     reason = unavailable(STAGES[1], CPU, "small_cnn")
-    assert reason is None or ("slower than fp32" in reason and "images/s" in reason)
+    if expected is None:
+        assert reason is None, reason
+    else:
+        assert reason is not None and expected in reason, reason
+
+
+@pytest.mark.slow
+def test_fp16_probe_on_this_cpu_decides_from_what_it_measured(monkeypatch):
+    """The real probe: it times fp32 and fp16 steps on this CPU, and its verdict follows those two rates."""
+    measured = {}
+    real = progression.measure_setting
+
+    def recording(model, batch_size, amp, **options):
+        row = real(model, batch_size, amp=amp, **options)
+        measured[amp] = row["images_per_second"]
+        return row
+
+    monkeypatch.setattr(progression, "measure_setting", recording)
+    reason = unavailable(STAGES[1], CPU, "small_cnn")
+    assert set(measured) == {"off", "fp16"} and min(measured.values()) > 0, measured
+    if measured["fp16"] * progression.SLOWDOWN_LIMIT < measured["off"]:
+        assert reason is not None and f"({measured['fp16']:.0f} vs {measured['off']:.0f} images/s" in reason
+    else:
+        assert reason is None, reason
 
 
 def test_cuda_graphs_stage_says_why_on_cpu():
     assert "no GPU" in unavailable(STAGES[-1], CPU, "small_cnn")
 
 
+@pytest.mark.slow
 def test_compile_trains_and_loss_falls(tiny_root, tmp_path):
     # The same model, shapes and options as notebook 05's compile stage, so the two share inductor's cache.
     summary = train(size="ci", data_dir=str(tiny_root), test_samples=64, epochs=2, log_every=2, out=str(tmp_path),
-                    amp="bf16", channels_last=True, fused_optimizer=True, compile="default", progress=False, device="cpu")
+                    amp="bf16", channels_last=True, fused_optimizer=True, compile="default", progress=False,
+                    device="cpu")
     assert _loss_falls(tmp_path)
     assert summary["first_iteration_seconds"][0] > 2 * summary["steady_iteration_seconds"]  # compiling is paid once

@@ -4,11 +4,14 @@ import threading
 import time
 
 import psutil
+import pytest
 import torch
 
-from course_utils import checkpoint
-from course_utils.launch import launch
-from course_utils.train import to_flags
+from course_utils.parallel.launch import launch
+from course_utils.run_folder import RunFolder
+from course_utils.training.options import to_flags
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # torchrun and two DDP ranks in every test
 
 
 def _options(tiny_root, out, **extra):
@@ -29,28 +32,42 @@ def _rank_process(rank: int, marker: str) -> psutil.Process | None:
     return None
 
 
-def _kill_rank_after(rank: int, folder, step: int, marker: str) -> threading.Thread:
-    """Kill ``rank`` with SIGKILL once the run has a checkpoint at ``step`` or later (in a thread)."""
-    def watch():
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            steps = [int(p.stem.split("-")[1]) for p in folder.glob("step-*.pt")]
-            if steps and max(steps) >= step and (process := _rank_process(rank, marker)) is not None:
+class RankKiller(threading.Thread):
+    """Kills ``rank`` with SIGKILL once the run in ``out`` has a checkpoint at ``step`` or later: it polls in
+    the background while the test waits for torchrun, for at most ``timeout`` seconds."""
+
+    def __init__(self, rank: int, out, step: int, timeout: float = 240.0) -> None:
+        super().__init__(daemon=True)
+        self.rank, self.folder, self.step, self.marker = rank, RunFolder(out).checkpoints, step, str(out)
+        self.deadline = time.monotonic() + timeout
+        self.killed = False
+        self._over = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self._over.is_set() and time.monotonic() < self.deadline:
+            steps = [int(p.stem.split("-")[1]) for p in self.folder.glob("step-*.pt")]
+            if steps and max(steps) >= self.step and (process := _rank_process(self.rank, self.marker)) is not None:
                 process.kill()
+                self.killed = True
                 return
-            time.sleep(0.01)
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+            self._over.wait(0.05)
+
+    def check(self) -> None:
+        """Once the launch is over: stop polling, and fail unless the rank was killed as planned."""
+        self._over.set()
+        self.join(timeout=10)
+        assert self.killed, (f"rank {self.rank} was never killed: no checkpoint at step {self.step} or later "
+                             f"appeared in {self.folder} while the rank ran")
 
 
 def test_a_dead_rank_ends_the_job_quickly_and_is_named(tiny_root, tmp_path):
     out = tmp_path / "run"
-    watcher = _kill_rank_after(1, out / "checkpoints", 4, str(out))
+    killer = RankKiller(1, out, step=4)
     start = time.monotonic()
     result = launch(2, "course_utils.train", *_options(tiny_root, out), log_dir=tmp_path / "logs", echo=False,
                     timeout_seconds=300)
-    watcher.join()
+    killer.check()
     assert not result.ok
     assert time.monotonic() - start < 120  # rank 0 did not wait out the 600 s collective timeout
     text = "\n".join(result.lines)
@@ -58,17 +75,16 @@ def test_a_dead_rank_ends_the_job_quickly_and_is_named(tiny_root, tmp_path):
     assert "Signal 9 (SIGKILL)" in text or "exitcode  : -9" in text
 
 
-def test_torchrun_restarts_from_the_last_checkpoint(tiny_root, tmp_path):
+def test_torchrun_restarts_from_the_last_checkpoint(tiny_root, tmp_path, run_weights):
     reference = launch(2, "course_utils.train", *_options(tiny_root, tmp_path / "reference"),
                        log_dir=tmp_path / "reference-logs", echo=False, timeout_seconds=300)
     assert reference.ok
     out = tmp_path / "run"
-    watcher = _kill_rank_after(1, out / "checkpoints", 8, str(out))
+    killer = RankKiller(1, out, step=8)
     result = launch(2, "course_utils.train", *_options(tiny_root, out, resume="auto"), log_dir=tmp_path / "logs",
                     echo=False, timeout_seconds=300, max_restarts=1)
-    watcher.join()
+    killer.check()
     assert result.ok, "\n".join(result.lines[-30:])
     assert any("resuming from" in line for line in result.lines)
-    final = checkpoint.load(out / "checkpoints" / "last.pt")["model"]
-    expected = checkpoint.load(tmp_path / "reference" / "checkpoints" / "last.pt")["model"]
+    final, expected = run_weights(out), run_weights(tmp_path / "reference")
     assert all(torch.equal(final[name], expected[name]) for name in expected)  # every rank loaded rank 0's file

@@ -1,4 +1,4 @@
-from course_utils import reference
+from course_utils.lessons import reference
 
 
 def test_recorded_rows_come_back_with_device_and_date(tmp_path, monkeypatch):

@@ -10,22 +10,48 @@ import time
 import pytest
 import torch
 
-from course_utils import checkpoint, preemption
-from course_utils.loop import NonFiniteLossError
-from course_utils.preemption import StopSignals
+from course_utils.run_folder import RunFolder
 from course_utils.train import train
+from course_utils.training import checkpoint, preemption
+from course_utils.training.preemption import StopSignals
+from course_utils.training.resume import NonFiniteLossError
 
 # Augmentation and a worker process make the replay non-trivial: the resumed run must draw the same
 # random crops and flips as the uninterrupted one.
 FLAGS = ["--size", "ci", "--model", "small_cnn", "--train-samples", "96", "--test-samples", "32", "--epochs", "2",
          "--batch-size", "16", "--workers", "1", "--log-every", "2", "--checkpoint-every", "2", "--no-progress",
          "--device", "cpu"]
+# A run finds this as sitecustomize.py first on its PYTHONPATH and runs it at start-up: every fsync then waits
+# half a second, so a checkpoint stays mid-write (temporary file written, not yet renamed) long enough to kill.
+SLOW_FSYNC = '''\
+import os
+import time
+
+_fsync = os.fsync
 
 
-def _start(tiny_root, out):
+def _slow_fsync(fd):
+    time.sleep(0.5)
+    _fsync(fd)
+
+
+os.fsync = _slow_fsync
+'''
+
+
+def _start(tiny_root, out, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "course_utils.train", *FLAGS, "--data-dir", str(tiny_root),
                              "--out", str(out), "--resume", "auto"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+@pytest.fixture
+def slow_writes(tmp_path_factory) -> dict[str, str]:
+    """An environment whose runs write checkpoints slowly (``SLOW_FSYNC``): the test kills one mid-write with
+    a sensible polling interval instead of spinning to catch a window of milliseconds."""
+    folder = tmp_path_factory.mktemp("slow-writes")
+    (folder / "sitecustomize.py").write_text(SLOW_FSYNC)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
 
 
 def _newest_step(folder) -> int:
@@ -33,16 +59,19 @@ def _newest_step(folder) -> int:
     return max(steps, default=-1)
 
 
-def _wait_for(process, condition, timeout=240.0):
-    start = time.monotonic()
+def _step_being_written(folder) -> int:
+    """The step whose checkpoint has a temporary file and no final name yet, or -1."""
+    steps = [int(m.group(1)) for p in folder.glob(".step-*.tmp") if (m := re.match(r"\.step-(\d+)\.pt\.", p.name))]
+    return max(steps, default=-1)
+
+
+def _wait_for(process: subprocess.Popen, condition, what: str, timeout: float = 240.0, interval: float = 0.05) -> None:
+    """Poll ``condition`` every ``interval`` seconds while the run goes on; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
     while not condition():
-        assert process.poll() is None, f"the run ended before the moment to interrupt it:\n{process.stdout.read()}"
-        assert time.monotonic() - start < timeout, "the moment to interrupt never came"
-        time.sleep(0.0005)
-
-
-def _weights(out):
-    return checkpoint.load(out / "checkpoints" / "last.pt")["model"]
+        assert process.poll() is None, f"the run ended before {what}:\n{process.stdout.read()}"
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:.0f} s"
+        time.sleep(interval)
 
 
 def _assert_identical(a, b):
@@ -51,24 +80,28 @@ def _assert_identical(a, b):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_root, tmp_path_factory):
+def reference(tiny_root, tmp_path_factory, run_weights):
     out = tmp_path_factory.mktemp("reference")
     process = _start(tiny_root, out)
     assert process.wait(timeout=300) == 0, process.stdout.read()
-    return _weights(out)
+    return run_weights(out)
 
 
-def test_sigkill_anywhere_then_resume_is_bit_exact(tiny_root, tmp_path, reference):
-    folder = tmp_path / "checkpoints"
+@pytest.mark.slow
+def test_sigkill_anywhere_then_resume_is_bit_exact(tiny_root, tmp_path, reference, slow_writes, run_weights):
+    folder = RunFolder(tmp_path).checkpoints
     # 1. killed while a checkpoint is being written: a temporary file exists, the final name not yet
-    first = _start(tiny_root, tmp_path)
-    _wait_for(first, lambda: any(folder.glob(".step-*.tmp")))
+    first = _start(tiny_root, tmp_path, env=slow_writes)
+    _wait_for(first, lambda: _step_being_written(folder) >= 4, "the write of a second checkpoint")
     first.send_signal(signal.SIGKILL)
     first.wait()
-    assert checkpoint.latest(folder) is None or checkpoint.load(checkpoint.latest(folder))["step"] >= 0
+    writing = _step_being_written(folder)
+    assert writing >= 4 and not checkpoint.step_path(folder, writing).exists(), "the kill came after the write"
+    state = checkpoint.load(checkpoint.latest(folder))  # the previous checkpoint is whole: it loads
+    assert state["step"] == _newest_step(folder) < writing and state["step"] > 0
     # 2. killed in the middle of the second epoch, just after a checkpoint
     second = _start(tiny_root, tmp_path)
-    _wait_for(second, lambda: _newest_step(folder) >= 8)
+    _wait_for(second, lambda: _newest_step(folder) >= 8, "a checkpoint in the second epoch")
     second.send_signal(signal.SIGKILL)
     second.wait()
     # 3. resumed to the end
@@ -76,7 +109,7 @@ def test_sigkill_anywhere_then_resume_is_bit_exact(tiny_root, tmp_path, referenc
     output = last.communicate(timeout=300)[0]
     assert last.returncode == 0, output
     assert "resuming from" in output
-    _assert_identical(_weights(tmp_path), reference)
+    _assert_identical(run_weights(tmp_path), reference)
     assert len(list(folder.glob("step-*.pt"))) == 2  # --keep-checkpoints 2
     assert not list(folder.glob(".*.tmp"))  # the half-written file of the first kill was cleared
 
@@ -91,35 +124,36 @@ def test_both_stop_signals_are_caught_while_training_and_restored_after():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_a_stop_signal_checkpoints_exits_99_and_resumes_exactly(tiny_root, tmp_path, reference):
+@pytest.mark.slow
+def test_a_stop_signal_checkpoints_exits_99_and_resumes_exactly(tiny_root, tmp_path, reference, run_weights):
     stop = signal.SIGUSR1  # what Slurm sends with --signal=USR1@...; SIGTERM takes the same path (above)
-    folder = tmp_path / "checkpoints"
+    run = RunFolder(tmp_path)
     process = _start(tiny_root, tmp_path)
-    _wait_for(process, lambda: _newest_step(folder) >= 2)
+    _wait_for(process, lambda: _newest_step(run.checkpoints) >= 2, "the first checkpoint")
     process.send_signal(stop)
     output = process.communicate(timeout=120)[0]
     assert process.returncode == preemption.EXIT_CODE, output
     assert f"stopped by {stop.name}" in output and "--resume auto" in output
-    marker = (tmp_path / preemption.MARKER).read_text()
+    marker = run.preempted.read_text()
     step = int(re.search(r"after step (\d+)", marker).group(1))
-    assert checkpoint.load(folder / "last.pt")["step"] == step
+    assert checkpoint.load(run.last_checkpoint)["step"] == step
     resumed = _start(tiny_root, tmp_path)
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
-    assert not (tmp_path / preemption.MARKER).exists()
-    _assert_identical(_weights(tmp_path), reference)
+    assert not run.preempted.exists()
+    _assert_identical(run_weights(tmp_path), reference)
 
 
 def test_last_checkpoint_is_the_newest_step(quick):
     train(**{**quick, "max_steps": 5}, checkpoint_every=1, keep_checkpoints=3)
-    folder = os.path.join(quick["out"], "checkpoints")
-    steps = sorted(name for name in os.listdir(folder) if name.startswith("step-"))
+    run = RunFolder(quick["out"])
+    steps = sorted(run.checkpoints.glob("step-*.pt"))
     assert len(steps) == 3
-    assert os.path.samefile(os.path.join(folder, "last.pt"), os.path.join(folder, steps[-1]))
+    assert os.path.samefile(run.last_checkpoint, steps[-1])
 
 
 def test_a_checkpoint_of_another_model_is_refused_by_name(quick, tmp_path):
     train(**{**quick, "max_steps": 2})
-    last = os.path.join(quick["out"], "checkpoints", "last.pt")
+    last = RunFolder(quick["out"]).last_checkpoint
     before = checkpoint.load(last)["model"]
     with pytest.raises(ValueError, match="another training.*model: 'small_cnn' in the checkpoint, 'small_cnn_gn' now"):
         train(**quick, model="small_cnn_gn", resume="auto")
@@ -140,5 +174,5 @@ def test_resuming_a_finished_run_says_so(quick):
 def test_a_diverging_run_stops_at_its_step_and_keeps_the_last_good_checkpoint(quick):
     with pytest.raises(NonFiniteLossError, match=r"became (nan|inf|inf or nan) by step \d+.*last good checkpoint"):
         train(**{**quick, "epochs": 3, "log_every": 1}, lr=1e6, checkpoint_every=1)
-    state = checkpoint.load(os.path.join(quick["out"], "checkpoints", "last.pt"))
+    state = checkpoint.load(RunFolder(quick["out"]).last_checkpoint)
     assert all(torch.isfinite(value).all() for value in state["model"].values() if value.is_floating_point())

@@ -1,14 +1,13 @@
 """The all-reduce benchmark and the scaling table: formulas as nccl-tests and the lesson define them."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from course_utils import scaling
-from course_utils.allreduce import bus_bandwidth, message_sizes, parse_bytes
-from course_utils.launch import launch
+from course_utils.lessons import scaling
+from course_utils.parallel import allreduce
+from course_utils.parallel.allreduce import bus_bandwidth, message_sizes, parse_bytes
+from course_utils.parallel.launch import launch
 
 
 @pytest.mark.parametrize("ranks,factor", [(2, 1.0), (4, 1.5), (8, 1.75)])
@@ -22,9 +21,11 @@ def test_message_sizes_and_units():
     assert message_sizes(1024, 16384) == [1024, 4096, 16384]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_allreduce_benchmark_on_two_gloo_ranks(tmp_path):
     out = tmp_path / "allreduce.json"
-    result = launch(2, "course_utils.allreduce", "--max-bytes", "64K", "--iterations", "3", "--out", str(out),
+    result = launch(2, "course_utils.parallel.allreduce", "--max-bytes", "64K", "--iterations", "3", "--out", str(out),
                     log_dir=tmp_path / "logs", echo=False, timeout_seconds=120)
     assert result.ok, "\n".join(result.lines[-20:])
     rows = json.loads(out.read_text())
@@ -36,10 +37,11 @@ def test_allreduce_benchmark_on_two_gloo_ranks(tmp_path):
     assert "busbw (GB/s)" in "\n".join(result.lines)
 
 
-def test_allreduce_alone_says_how_to_start_it():
-    result = subprocess.run([sys.executable, "-m", "course_utils.allreduce"], capture_output=True, text=True,
-                            timeout=120)  # one process, no launcher: no partner to reduce with
-    assert result.returncode == 2 and "torchrun --standalone --nproc-per-node 2" in result.stderr
+def test_allreduce_alone_says_how_to_start_it(monkeypatch, capsys):
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)  # one process, no launcher: no partner to reduce with
+    assert allreduce.main([]) == 2
+    assert "torchrun --standalone --nproc-per-node 2" in capsys.readouterr().err
 
 
 def _summary(ranks: int, rate: float, batch: int = 32) -> dict:

@@ -2,8 +2,8 @@
 
 import subprocess
 
-from course_utils import tensorboard
 from course_utils.config import checkout_root
+from course_utils.observe import tensorboard
 
 
 def _dry_run(target: str) -> str:

@@ -4,7 +4,6 @@ CI starts a two-node Slurm on its own machine (``.ci/local-slurm``); elsewhere t
 wherever a Slurm controller answers and skips, saying how to get one, where none does.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -12,8 +11,9 @@ import time
 
 import pytest
 
-from course_utils import slurm
 from course_utils.config import checkout_root
+from course_utils.parallel import slurm
+from course_utils.run_folder import RunFolder
 
 REQUIRED = os.environ.get("COURSE_REQUIRE_SLURM") == "1"  # set by CI: there, a missing Slurm is a failure
 
@@ -38,6 +38,7 @@ SCRIPTS = {
 }
 
 
+@pytest.mark.slow
 def test_a_failing_job_reports_its_exit_code(cluster, tmp_path):
     script = tmp_path / "fail.sbatch"
     script.write_text("#!/bin/bash\necho about to fail\nexit 3\n")
@@ -53,13 +54,16 @@ def test_submitting_without_slurm_says_so(monkeypatch):
         slurm.submit("jobs/generic/ddp.sbatch")
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(SCRIPTS))
-def test_a_signalled_job_checkpoints_requeues_itself_and_finishes(cluster, tiny_root, tmp_path, name):
+def test_a_signalled_job_checkpoints_requeues_itself_and_finishes(cluster, tiny_root, tmp_path, name, run_summary):
     """Preemption for real: USR1 to the job's steps (as Slurm sends before a time limit), the ranks
     checkpoint (through torchrun, which forwards it, in the generic script), the job requeues itself
     under the same id, and the requeued run resumes from the checkpoint."""
     script, options, extra_env = SCRIPTS[name]
     out = tmp_path / "run"
+    run = RunFolder(out)
     job = slurm.submit(script, "--data-dir", str(tiny_root), "--device", "cpu", "--workers", "0",
                        "--epochs", "4", "--batch-size", "8", "--train-samples", "256", "--test-samples", "32",
                        "--checkpoint-every", "4",
@@ -67,14 +71,17 @@ def test_a_signalled_job_checkpoints_requeues_itself_and_finishes(cluster, tiny_
                                 f"--output={tmp_path / 'job.out'}", *options],
                        cwd=checkout_root(), env={**_ENV, "COURSE_RUN_DIR": str(out), **extra_env})
     deadline = time.monotonic() + 120
-    while not list((out / "checkpoints").glob("step-*.pt")):
-        assert time.monotonic() < deadline and slurm.state(job).state in ("PENDING", "RUNNING", "CONFIGURING")
+    while not list(run.checkpoints.glob("step-*.pt")):
+        now = slurm.state(job)
+        assert now.state in ("PENDING", "RUNNING", "CONFIGURING"), f"the job ended before its first checkpoint: {now}"
+        assert time.monotonic() < deadline, f"no checkpoint in {run.checkpoints} after 120 s: {now}"
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", job.job_id], check=True)
     # Slurm holds a requeued job for about two minutes (Reason=BeginTime); release it at once to keep CI short.
     deadline = time.monotonic() + 120
     while (now := slurm.state(job)).state != "PENDING" or now.reason != "BeginTime":
-        assert time.monotonic() < deadline and now.state not in slurm.ENDED, f"the job was not requeued: {now}"
+        assert now.state not in slurm.ENDED, f"the job ended instead of requeueing itself: {now}"
+        assert time.monotonic() < deadline, f"the job was not requeued within 120 s of USR1: {now}"
         time.sleep(0.2)
     subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True)
     outcome = slurm.follow(job, poll_seconds=0.5, timeout_seconds=400, echo=False)
@@ -83,10 +90,10 @@ def test_a_signalled_job_checkpoints_requeues_itself_and_finishes(cluster, tiny_
     assert "stopped by SIGUSR1" in log and f"requeueing job {job.job_id}" in log and "resuming from" in log
     shown = subprocess.run(["scontrol", "show", "job", job.job_id], capture_output=True, text=True).stdout
     assert "Restarts=1" in shown
-    summary = json.loads((out / "summary.json").read_text())
+    summary = run_summary(out)
     assert summary["steps"] == 4 * 16 and summary["resumed_from"]
     # Both virtual nodes ran a DDP rank, each its share of every epoch, and rank 0 wrote the results.
     assert summary["world_size"] == 2 and summary["distributed"] == "ddp"
     assert sorted(r["node"] for r in summary["per_rank"]) == ["node1", "node2"]
     assert len({r["steps"] for r in summary["per_rank"]}) == 1
-    assert (out / "metrics.jsonl").stat().st_size > 0 and (out / "checkpoints" / "last.pt").is_file()
+    assert run.metrics.stat().st_size > 0 and run.last_checkpoint.is_file()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_utils import sweep
+from course_utils.lessons import sweep
 
 
 def _impossible_allocation():

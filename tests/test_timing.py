@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from course_utils.timing import StepClock, images_per_second, warmup_steps
+from course_utils.observe.clocks import StepClock, images_per_second, warmup_steps
 
 
 def test_warmup_is_the_first_epoch_when_there_are_several():

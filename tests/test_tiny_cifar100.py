@@ -5,8 +5,14 @@ import pytest
 import torch
 from torchvision.datasets import CIFAR100
 
-from course_utils.cifar import (DatasetCorruptError, DatasetMissingError, VerifiedCIFAR100, describe,
-                                file_md5, mismatched_files)
+from course_utils.data.cifar import (
+    DatasetCorruptError,
+    DatasetMissingError,
+    VerifiedCIFAR100,
+    describe,
+    file_md5,
+    mismatched_files,
+)
 from data_prep.labels import COARSE_LABEL_NAMES, FINE_LABEL_NAMES
 from data_prep.tiny_cifar100 import generate
 
@@ -56,7 +62,8 @@ def test_plain_torchvision_refuses_it_on_the_official_checksums(tiny_root):
 
 
 def test_generation_is_deterministic(tmp_path):
-    a, b, c = (generate(tmp_path / name, train=100, test=100, seed=seed) for name, seed in (("a", 1), ("b", 1), ("c", 2)))
+    a, b, c = (generate(tmp_path / name, train=100, test=100, seed=seed)
+               for name, seed in (("a", 1), ("b", 1), ("c", 2)))
     assert file_md5(a / "train") == file_md5(b / "train")
     assert file_md5(a / "train") != file_md5(c / "train")
 

@@ -6,9 +6,12 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from course_utils import checkpoint, config, models
-from course_utils.metrics import load_run
-from course_utils.train import build_parser, train
+from course_utils import config
+from course_utils.observe.metrics import load_run
+from course_utils.run_folder import RunFolder
+from course_utils.train import main, train
+from course_utils.training import checkpoint, models
+from course_utils.training.options import build_parser
 
 SUMMARY_KEYS = {"images_per_second", "first_epoch_seconds", "epoch_seconds", "final_train_loss", "test_top1",
                 "test_top5", "world_size", "device", "config", "steps", "first_iteration_seconds"}
@@ -22,18 +25,20 @@ def quick_run(tiny_root, tmp_path_factory):
     return summary, out
 
 
-def test_summary_follows_the_contract(quick_run):
+@pytest.mark.slow
+def test_summary_follows_the_contract(quick_run, run_summary):
     summary, out = quick_run
     assert SUMMARY_KEYS <= set(summary)
-    assert json.loads((out / "summary.json").read_text())["steps"] == summary["steps"] == 16
+    assert run_summary(out)["steps"] == summary["steps"] == 16
     assert summary["world_size"] == 1 and summary["device"] == "CPU"
     assert len(summary["epoch_seconds"]) == 2 and summary["images_per_second"] > 0
     assert summary["config"]["batch_size"] == 32 and summary["config"]["model"] == "small_cnn"
 
 
+@pytest.mark.slow
 def test_metrics_jsonl_schema(quick_run):
     _, out = quick_run
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in RunFolder(out).metrics.read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "step"]
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert {"step", "epoch", "loss", "lr", "images_per_second", "iteration_seconds", "data_seconds"} <= set(steps[0])
@@ -43,22 +48,25 @@ def test_metrics_jsonl_schema(quick_run):
     assert list(run.iterations["step"]) == list(range(1, 17))
 
 
+@pytest.mark.slow
 def test_tensorboard_events_are_readable(quick_run):
     _, out = quick_run
-    events = EventAccumulator(str(out / "tensorboard"))
+    events = EventAccumulator(str(RunFolder(out).tensorboard))
     events.Reload()
     assert {"train/loss", "test/top1", "epoch/seconds"} <= set(events.Tags()["scalars"])
     assert [e.step for e in events.Scalars("test/top1")] == [1, 2]
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_the_model(quick_run):
     summary, out = quick_run
-    state = checkpoint.load(out / "checkpoints" / "last.pt")
+    state = checkpoint.load(RunFolder(out).last_checkpoint)
     model = models.build("small_cnn")
     model.load_state_dict(state["model"])
     assert state["step"] == summary["steps"] and state["epoch"] == 2
 
 
+@pytest.mark.slow
 def test_loss_falls_and_accuracy_beats_chance_at_the_ci_size(tiny_root, tmp_path):
     size = config.SIZES["ci"]
     summary = train(size="ci", data_dir=str(tiny_root), train_samples=600, test_samples=200, out=str(tmp_path),
@@ -70,11 +78,11 @@ def test_loss_falls_and_accuracy_beats_chance_at_the_ci_size(tiny_root, tmp_path
     assert summary["config"]["epochs"] == size.epochs
 
 
-def test_same_seed_repeats_exactly_on_cpu(quick, tmp_path):
+@pytest.mark.slow
+def test_same_seed_repeats_exactly_on_cpu(quick, tmp_path, run_weights):
     first = train(**{**quick, "out": str(tmp_path / "a"), "workers": 1})
     second = train(**{**quick, "out": str(tmp_path / "b"), "workers": 1})
-    a = checkpoint.load(tmp_path / "a" / "checkpoints" / "last.pt")["model"]
-    b = checkpoint.load(tmp_path / "b" / "checkpoints" / "last.pt")["model"]
+    a, b = run_weights(tmp_path / "a"), run_weights(tmp_path / "b")
     assert first["final_train_loss"] == second["final_train_loss"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     third = train(**{**quick, "out": str(tmp_path / "c"), "seed": 1})
@@ -101,32 +109,37 @@ def test_help_documents_every_flag():
         assert action.help, f"{action.option_strings} has no help text"
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "course_utils.train", *args], capture_output=True, text=True,
-                          timeout=300)
-
-
+@pytest.mark.slow
 def test_command_line_short_run(tiny_root, tmp_path):
-    result = _cli("--size", "ci", "--data-dir", str(tiny_root), "--max-steps", "4", "--batch-size", "16",
-                  "--train-samples", "64", "--test-samples", "32", "--workers", "0", "--out", str(tmp_path),
-                  "--no-progress")
+    """The command as job scripts start it, a process of its own: its exit code, its output, its run folder."""
+    result = subprocess.run([sys.executable, "-m", "course_utils.train", "--size", "ci", "--data-dir", str(tiny_root),
+                             "--max-steps", "4", "--batch-size", "16", "--train-samples", "64", "--test-samples", "32",
+                             "--workers", "0", "--out", str(tmp_path), "--no-progress"],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "images/s" in result.stdout and (tmp_path / "summary.json").exists()
+    assert "images/s" in result.stdout and RunFolder(tmp_path).summary.is_file()
 
 
-def test_command_line_missing_data_names_the_fix(tmp_path):
-    result = _cli("--size", "ci", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"))
-    assert result.returncode == 1
-    assert f"python -m data_prep.tiny_cifar100 --root {tmp_path / 'nowhere'}" in result.stderr
+def test_command_line_help_shows_the_sizes(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    assert "Size defaults: ci: " in capsys.readouterr().out
 
 
-def test_command_line_rejects_an_unknown_model():
-    result = _cli("--model", "vgg16")
-    assert result.returncode == 2 and "resnet18" in result.stderr
+def test_command_line_missing_data_names_the_fix(tmp_path, capsys):
+    assert main(["--size", "ci", "--data-dir", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run")]) == 1
+    assert f"python -m data_prep.tiny_cifar100 --root {tmp_path / 'nowhere'}" in capsys.readouterr().err
+
+
+def test_command_line_rejects_an_unknown_model(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model", "vgg16"])
+    assert exit_.value.code == 2 and "resnet18" in capsys.readouterr().err
 
 
 def test_to_flags_round_trips_through_the_parser():
-    from course_utils.train import to_flags
+    from course_utils.training.options import to_flags
 
     options = {"batch_size": 32, "augment": False, "pin_memory": False, "channels_last": True, "distributed": "ddp",
                "grad_accum": 2, "monitor": "cpu", "progress": False}

@@ -1,4 +1,5 @@
-"""The course size (`ci` or `workshop`) and every number that depends on it.
+"""The course size (`ci` or `workshop`) and every number that depends on it (every notebook, 00-08,
+and every run).
 
 One switch, the environment variable ``COURSE_SIZE``, decides whether a notebook trains a small
 CNN for a few seconds on tiny generated data (``ci``: CI, laptops) or a ResNet on the real

@@ -1,4 +1,5 @@
-"""What accelerator is here (CUDA, ROCm/HIP or CPU) and what follows from it.
+"""What accelerator is here (CUDA, ROCm/HIP or CPU) and what follows from it (notebooks 00 and 05-08,
+and every run).
 
 PyTorch's ROCm build answers to the ``torch.cuda`` API, so "CUDA available" is also true on an
 AMD MI250X; ``torch.version.hip`` is what tells the two apart. Notebooks, the training loop and
@@ -89,8 +90,19 @@ def detect() -> Accelerator:
 
 
 def default_device() -> torch.device:
-    """The device a single-process run trains on: the first GPU, else the CPU."""
-    return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    """The device this process trains on: its current GPU (the first, unless joining a process group
+    made it this rank's own), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def device_name(device: torch.device) -> str:
+    """What summaries, tables and plots call ``device``: the GPU's model name, or ``CPU``."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+
+
+def peak_memory_mib(device: torch.device) -> float | None:
+    """The most memory PyTorch's allocator held on a GPU since the last reset; None on the CPU."""
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 
 def distributed_backend() -> str:

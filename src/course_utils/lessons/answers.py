@@ -1,0 +1,181 @@
+"""Prose that reads a run's own measurements, for the answer cells of notebooks 01-05."""
+
+from __future__ import annotations
+
+import statistics
+
+import pandas as pd
+
+from course_utils.observe.clocks import steady_median
+from course_utils.observe.metrics import Run
+
+
+def warmup(run: Run) -> str:
+    """Markdown answering "why is the first epoch slower?" with this run's numbers."""
+    epochs = run.epochs["seconds"].tolist()
+    its = run.iterations["seconds"].tolist()
+    skip = run.summary["warmup_steps"]
+    first_its = its[:5]
+    steady = steady_median(its, skip)
+    first_mean = statistics.mean(first_its)
+    lines = [f"- The very first iteration took **{its[0] * 1000:.0f} ms**; the first five averaged "
+             f"**{first_mean * 1000:.0f} ms**, against a steady-state median of **{steady * 1000:.1f} ms** "
+             f"({first_mean / steady:.1f}x)."]
+    if len(epochs) >= 2:
+        later = statistics.mean(epochs[1:])
+        ratio = epochs[0] / later
+        verdict = "slower than" if ratio > 1.05 else ("about as fast as" if ratio > 0.95 else "faster than")
+        lines.append(f"- The first epoch took **{epochs[0]:.1f} s**, the later ones **{later:.1f} s** on "
+                     f"average: the first was **{verdict}** the rest ({ratio:.2f}x).")
+        extra = epochs[0] - later
+        if extra > 0.05 * later:
+            lines.append(f"- Warm-up therefore cost about **{extra:.1f} s** once, while one epoch costs {later:.1f} s "
+                         f"every time: measure speed after warm-up, never from the first epoch.")
+        else:
+            lines.append("- Here the one-time costs are too small to show at the scale of an epoch (it is "
+                         "noisier than they are); they show in the first iterations instead.")
+        predicted = run.summary["steps_per_epoch"] * steady
+        starts = run.iterations.groupby("epoch")["seconds"].first().iloc[1:]
+        cfg = run.summary.get("config", {})
+        restarting = cfg.get("workers", 0) > 0 and not cfg.get("persistent_workers", False)
+        cause = " (its data-loader workers start anew)" if restarting else ""
+        lines.append(f"- An epoch is the sum of its iterations, but not iterations x typical iteration: "
+                     f"{run.summary['steps_per_epoch']} x {steady * 1000:.1f} ms = **{predicted:.1f} s**, against "
+                     f"{later:.1f} s measured. The difference is the slow iterations; the first of each later "
+                     f"epoch alone took **{starts.mean() * 1000:.0f} ms** on average{cause}, against "
+                     f"{steady * 1000:.1f} ms typical.")
+    lines.append(f"- Steady-state throughput, counted after the first {skip} iterations: "
+                 f"**{run.summary['images_per_second']:.0f} images/s** on {run.summary['device']}.")
+    return "\n".join(lines)
+
+
+def _fits(sweep: pd.DataFrame) -> pd.DataFrame:
+    return sweep[sweep["status"] == "ok"]
+
+
+def model_size(sweep: pd.DataFrame) -> str:
+    """Markdown: does a model with k times the parameters train k times slower? From a sweep."""
+    fits = _fits(sweep)
+    shared = [b for b in sorted(fits["batch_size"].unique())
+              if fits[fits["batch_size"] == b]["model"].nunique() == sweep["model"].nunique()]
+    if not shared:
+        return "- No batch size fitted every model, so the models cannot be compared at the same batch."
+    batch = shared[-1]
+    rows = fits[fits["batch_size"] == batch].sort_values("parameters").to_dict("records")
+    lines = [f"At batch {batch}, the largest that fitted every model:"]
+    for small, large in zip(rows, rows[1:]):
+        params = large["parameters"] / small["parameters"]
+        slower = small["images_per_second"] / large["images_per_second"]
+        lines.append(f"- **{large['model']}** has **{params:.1f}x** the parameters of {small['model']} and trains "
+                     f"**{slower:.1f}x** slower ({large['images_per_second']:.0f} vs "
+                     f"{small['images_per_second']:.0f} images/s).")
+    lines.append("Parameters count weights, not work: the work per image is set by the activations (layer "
+                 "sizes times spatial resolution), and a small model may not fill the device at all.")
+    return "\n".join(lines)
+
+
+def batch_size(sweep: pd.DataFrame) -> str:
+    """Markdown: does a larger batch speed up as its memory use suggests? From a sweep."""
+    lines = []
+    for model, rows in sweep.groupby("model", sort=False):
+        fits = _fits(rows).sort_values("batch_size")
+        if len(fits) < 2:
+            lines.append(f"- **{model}**: fewer than two batch sizes fitted; nothing to compare.")
+            continue
+        low, high = fits.iloc[0], fits.iloc[-1]
+        text = (f"- **{model}**: from batch {low['batch_size']} to {high['batch_size']} "
+                f"({high['batch_size'] / low['batch_size']:.0f}x), peak memory grew "
+                f"**{high['peak_memory_mib'] / low['peak_memory_mib']:.1f}x** and throughput "
+                f"**{high['images_per_second'] / low['images_per_second']:.2f}x**")
+        failed = rows[rows["status"] != "ok"]["batch_size"]
+        text += f"; batch {failed.min()} did not fit." if len(failed) else "."
+        lines.append(text)
+    lines.append("Memory grows with the batch because activations are stored for the backward pass; "
+                 "throughput grows only until the device is busy, then stays flat.")
+    return "\n".join(lines)
+
+
+def utilization_vs_power(sweep: pd.DataFrame) -> str:
+    """Markdown: is high utilization full use? Compares utilization with drawn power."""
+    fits = _fits(sweep).dropna(subset=["utilization_percent"])
+    if fits["power_watts"].isna().all():
+        return ("- This backend reports no power (here: the CPU fallback), so this machine cannot answer the "
+                "question. On a GPU, compare the rows below, or the reference numbers recorded on GPUs.")
+    busy = fits[fits["utilization_percent"] >= 0.8 * fits["utilization_percent"].max()].sort_values("power_watts")
+    low, high = busy.iloc[0], busy.iloc[-1]
+    limit = high["power_limit_watts"]
+    return (f"- **{low['model']}** at batch {low['batch_size']} showed **{low['utilization_percent']:.0f} %** "
+            f"utilization while drawing **{low['power_watts']:.0f} W**; **{high['model']}** at batch "
+            f"{high['batch_size']} showed **{high['utilization_percent']:.0f} %** and drew "
+            f"**{high['power_watts']:.0f} W** (limit {limit:.0f} W).\n"
+            "- Utilization counts the share of time in which *some* kernel runs, however few of the compute "
+            "units it keeps busy; power follows the work actually done. Near the limit, the device is full.")
+
+
+def phase_answer(phases: pd.DataFrame, device_type: str) -> str:
+    """Markdown: where the profiled iterations spent their time, largest phase first."""
+    ordered = phases.sort_values("share_percent", ascending=False)
+    parts = ", ".join(f"**{row.phase}** {row.share_percent:.0f} %" for row in ordered.itertuples())
+    basis = "device (kernel) time" if device_type == "cuda" else "host time"
+    top = ordered.iloc[0]["phase"]
+    advice = {"data": "the input pipeline is the bottleneck: see notebook 04.",
+              "forward": "compute dominates, as it should; notebook 05 makes it cheaper.",
+              "backward": "compute dominates, as it should (backward costs about twice forward); notebook 05 makes it "
+                          "cheaper.",
+              "optimizer_step": "the optimizer is unusually expensive: a fused optimizer (notebook 05) helps."}
+    return f"- Measured as {basis}: {parts}.\n- The largest phase is `{top}`: {advice.get(top, '')}"
+
+
+def holistic_trace_analysis(trace_dir, device_type: str) -> str:
+    """HTA's temporal breakdown of a GPU trace, or why it was not run."""
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return "HolisticTraceAnalysis is not installed: pip install HolisticTraceAnalysis"
+    if device_type != "cuda":
+        return "This trace has no GPU kernels (it was recorded on the CPU): HTA has nothing to analyse."
+    try:
+        analyzer = TraceAnalysis(trace_dir=str(trace_dir))
+        return analyzer.get_temporal_breakdown(visualize=False).to_string()
+    except Exception as error:  # HTA's own failure modes vary by release; report them, do not stop the notebook
+        return f"HTA could not analyse {trace_dir}: {error}"
+
+
+def progression_answer(table: pd.DataFrame) -> str:
+    """Markdown: what each precision/compilation stage bought, and whether training stayed the same."""
+    ran = table[table["status"] == "ok"].reset_index(drop=True)
+    lines = []
+    for previous, current in zip(ran.to_dict("records"), ran.iloc[1:].to_dict("records")):
+        gain = current["images_per_second"] / previous["images_per_second"]
+        lines.append(f"- **{current['stage']}**: {gain:.2f}x the stage before "
+                     f"({current['images_per_second']:.0f} vs {previous['images_per_second']:.0f} images/s).")
+    for row in table[table["status"] != "ok"].itertuples():
+        lines.append(f"- **{row.stage}**: {row.status}.")
+    base, best = ran.iloc[0], ran.loc[ran["images_per_second"].idxmax()]
+    lines.append(f"- Fastest: **{best['stage']}** at **{best['speedup']:.2f}x** the fp32 baseline.")
+    loss_spread = ran["final_train_loss"].max() - ran["final_train_loss"].min()
+    top1_spread = ran["test_top1"].max() - ran["test_top1"].min()
+    lines.append(f"- Same training? Final training losses differ by at most **{loss_spread:.3f}** (baseline "
+                 f"{base['final_train_loss']:.3f}) and test top-1 by **{top1_spread:.1f}** points: lower precision "
+                 "changes the rounding, not what is learned.")
+    return "\n".join(lines)
+
+
+def loaders_answer(comparison: pd.DataFrame, best_setting: dict) -> str:
+    """Markdown: is the run input-bound or compute-bound, per loader, and what fixes it."""
+    lines = []
+    for row in comparison.itertuples():
+        if str(row.verdict).startswith("not available"):
+            lines.append(f"- **{row.loader}**: {row.verdict}")
+            continue
+        line = (f"- **{row.loader}**: {row.verdict}; the loader alone delivers {row.io:.0f} images/s against "
+                f"the model's {row.synthetic:.0f}, and training reaches **{row.full_over_synthetic:.0%}** of "
+                f"what the model alone could do.")
+        if row.verdict == "not overlapped":
+            line += (f" Fast enough on its own, its work still adds **{row.loading_us_per_image:.0f} us** to each "
+                     f"image's {1e6 / row.synthetic:.0f} us of training, because it is not hidden behind the step.")
+        lines.append(line)
+    setting = ", ".join(f"{k}={v}" for k, v in best_setting.items())
+    lines.append(f"- Recommended DataLoader setting here (the fewest workers whose training throughput is within "
+                 f"5 % of the best): {setting}.")
+    return "\n".join(lines)

@@ -1,0 +1,225 @@
+"""The measured comparisons of data parallelism (notebooks 06-08): each one trains for real and returns a table.
+
+Single-process runs happen in this process; DDP runs start torchrun through :mod:`course_utils.parallel.launch`, so
+a notebook cell shows their output as it comes. On a machine without GPUs, "devices" are CPU
+processes: DDP runs two gloo ranks, each with one thread, on the same cores a single process uses.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from course_utils import config
+from course_utils.data.loaders import shard_sampler
+from course_utils.parallel.launch import launch
+from course_utils.run_folder import RunFolder
+from course_utils.train import train
+from course_utils.training import checkpoint
+from course_utils.training.options import to_flags
+from course_utils.training.resume import NonFiniteLossError
+
+CPU_RANKS = 2  # DDP ranks on a machine without GPUs
+
+
+def iterations_per_epoch(samples: int, batch: int, ranks: Sequence[int]) -> pd.DataFrame:
+    """What DistributedSampler gives each rank of an epoch of ``samples``, at ``batch`` per rank."""
+    rows = []
+    for count in ranks:
+        share = len(shard_sampler(range(samples), 0, count))
+        rows.append({"ranks": count, "samples_per_rank": share, "iterations_per_rank": share // batch,
+                     "global_batch": batch * count, "images_per_epoch": share // batch * batch * count})
+    return pd.DataFrame(rows)
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def data_parallel_width() -> int:
+    """How many devices data parallelism spreads over here: every GPU, or two CPU processes."""
+    return gpu_count() if gpu_count() >= 2 else CPU_RANKS
+
+
+def run_ddp(nproc: int, out: Path, echo: bool = False, **options: Any) -> dict[str, Any]:
+    """``options`` trained with DDP on ``nproc`` ranks under torchrun; the run's summary, or an error
+    with the end of torchrun's output when a rank failed."""
+    result = launch(nproc, "course_utils.train", *to_flags(**{"progress": False, **options}, distributed="ddp",
+                                                           out=out),
+                    log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=echo)
+    if not result.ok:
+        tail = "\n".join(result.lines[-15:])
+        raise RuntimeError(f"DDP on {nproc} ranks failed (exit {result.returncode}):\n{tail}")
+    return result.summary
+
+
+def _row(name: str, summary: dict[str, Any], devices: int) -> dict[str, Any]:
+    memory = summary.get("peak_memory_per_gpu_mib")
+    ranks = summary["per_rank"]
+    return {"mode": name, "processes": summary["world_size"], "devices": devices,
+            "global_batch": summary["global_batch_size"], "images_per_second": summary["images_per_second"],
+            "images_per_second_per_device": summary["images_per_second"] / devices,
+            "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in ranks),
+            "steps_per_rank": [r["steps"] for r in ranks],
+            "peak_memory_per_device_mib": ([r["peak_memory_mib"] for r in ranks] if summary["world_size"] > 1
+                                           else memory[:devices] if memory else None),
+            "final_train_loss": summary["final_train_loss"]}
+
+
+def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | None = None, out: str | Path | None = None,
+                  ddp_summary: dict[str, Any] | None = None, **options: Any) -> pd.DataFrame:
+    """One device, DataParallel and DDP on the same per-device batch, for the same number of steps.
+
+    DataParallel gets the per-device batch times its GPU count (it splits one batch), DDP runs one
+    process per device with the per-device batch; so every mode puts the same work on each device.
+    ``ddp_summary``: a DDP run made already with the same settings, used instead of a new one.
+    """
+    size = config.get_size(options.get("size"))
+    batch = options.pop("batch_size", None) or size.batch_size
+    steps = steps or size.parallel_steps
+    out = Path(out or config.runs_dir() / "parallel-modes")
+    width, gpus = data_parallel_width(), gpu_count()
+    rows = []
+    for mode in tqdm(modes, desc="modes", unit="run"):
+        common = {"max_steps": steps, "progress": False, **options}
+        if mode == "none":
+            rows.append(_row("one device", train(**common, batch_size=batch, out=out / "none"), 1))
+        elif mode == "dp":
+            dp_devices = max(1, gpus)
+            rows.append(_row(f"DataParallel, {dp_devices} device(s)",
+                             train(**common, batch_size=batch * dp_devices, distributed="dp", out=out / "dp"),
+                             dp_devices))
+        elif mode == "ddp":
+            summary = ddp_summary or run_ddp(width, out / "ddp", batch_size=batch, **common)
+            rows.append(_row(f"DDP, {summary['world_size']} ranks", summary, summary["world_size"]))
+        else:
+            raise ValueError(f"unknown mode {mode!r}; choose from none, dp, ddp")
+    table = pd.DataFrame(rows)
+    table["speedup"] = table["images_per_second"] / table["images_per_second"].iloc[0]
+    return table
+
+
+def _difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, float]:
+    floats = [name for name in a if a[name].is_floating_point()]
+    absolute = max((a[n] - b[n]).abs().max().item() for n in floats)
+    scale = max(b[n].abs().max().item() for n in floats)
+    agree = all(torch.allclose(a[n], b[n], rtol=1e-5, atol=1e-6) for n in floats)
+    return {"max_abs_difference": absolute, "relative_to_largest_weight": absolute / scale, "agree": agree}
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return checkpoint.load(RunFolder(out).last_checkpoint)["model"]
+
+
+def ddp_equals_large_batch(models: Sequence[str] = ("small_cnn_gn", "small_cnn"), nproc: int | None = None,
+                           batch: int = 16, steps: int = 8, out: str | Path | None = None,
+                           **options: Any) -> pd.DataFrame:
+    """Parameters after ``steps`` steps: DDP on ``nproc`` ranks at ``batch`` each against one process
+    at ``nproc * batch``, and against one process at ``batch`` (a different training, as a control).
+
+    Augmentation is off so that both see the same pixels; the shared sampler order (see
+    :func:`course_utils.data.shard_sampler`) makes the images of each step the same set.
+    """
+    nproc = nproc or data_parallel_width()
+    out = Path(out or config.runs_dir() / "ddp-equivalence")
+    common = {"max_steps": steps, "augment": False, "workers": 0, "seed": 0, "progress": False, **options}
+    rows = []
+    for model in tqdm(models, desc="models", unit="model"):
+        run_ddp(nproc, out / f"{model}-ddp", model=model, batch_size=batch, **common)
+        train(**common, model=model, batch_size=batch * nproc, out=out / f"{model}-large")
+        train(**common, model=model, batch_size=batch, out=out / f"{model}-small")
+        ddp = _weights(out / f"{model}-ddp")
+        for other, label in ((f"{model}-large", f"one process, batch {batch * nproc}"),
+                             (f"{model}-small", f"one process, batch {batch}")):
+            rows.append({"model": model, "ddp": f"{nproc} ranks x batch {batch}", "compared_with": label,
+                         **_difference(ddp, _weights(out / other))})
+    return pd.DataFrame(rows)
+
+
+DDP_KNOBS: dict[str, dict[str, Any]] = {
+    "defaults (25 MB buckets)": {},
+    "1 MB buckets, gradient_as_bucket_view, static_graph": {"bucket_cap_mb": 1, "gradient_as_bucket_view": True,
+                                                            "static_graph": True},
+}
+
+
+def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None = None, steps: int | None = None,
+              out: str | Path | None = None, **options: Any) -> pd.DataFrame:
+    """Images per second of DDP with each setting of its knobs, everything else equal."""
+    nproc = nproc or data_parallel_width()
+    steps = steps or config.get_size(options.get("size")).parallel_steps
+    out = Path(out or config.runs_dir() / "ddp-knobs")
+    rows = []
+    for index, (name, knob) in enumerate(tqdm((knobs or DDP_KNOBS).items(), desc="settings", unit="run")):
+        summary = run_ddp(nproc, out / f"setting-{index}", max_steps=steps, **options, **knob)
+        rows.append({"setting": name, "images_per_second": summary["images_per_second"],
+                     "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in summary["per_rank"]),
+                     "global_batch": summary["global_batch_size"]})
+    table = pd.DataFrame(rows)
+    table["relative"] = table["images_per_second"] / table["images_per_second"].iloc[0]
+    return table
+
+
+def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -> pd.DataFrame:
+    """The same epochs at the base batch and at ``factor`` times it: with the base learning rate,
+    with the rate scaled linearly, and with the scaled rate after a warm-up.
+
+    One process trains the large batch; notebook 07 showed that this is the training DDP does
+    with ``factor`` ranks.
+    """
+    size = config.get_size(options.get("size"))
+    batch = options.pop("batch_size", None) or size.batch_size
+    lr = options.pop("lr", None) or size.lr
+    epochs = options.setdefault("epochs", size.lr_study_epochs)
+    options.setdefault("train_samples", size.lr_study_samples)
+    warmup = min(1.0, epochs / 2)  # one epoch, or half of a shorter run
+    out = Path(out or config.runs_dir() / "lr-scaling")
+    cases = [("base batch", batch, lr, 0.0),
+             (f"{factor}x batch, same lr", batch * factor, lr, 0.0),
+             (f"{factor}x batch, {factor}x lr", batch * factor, lr * factor, 0.0),
+             (f"{factor}x batch, {factor}x lr, {warmup:g} epoch warm-up", batch * factor, lr * factor, warmup)]
+    rows = []
+    for index, (name, case_batch, case_lr, warmup) in enumerate(tqdm(cases, desc="cases", unit="run")):
+        row = {"case": name, "batch": case_batch, "lr": case_lr, "warmup_epochs": warmup, "run": out / f"case-{index}"}
+        try:
+            summary = train(**{"progress": False, **options}, batch_size=case_batch, lr=case_lr,
+                            warmup_epochs=warmup, out=row["run"])
+        except NonFiniteLossError as error:  # a diverged run is a result of this experiment, not a failure
+            rows.append({**row, "status": f"diverged: {error}".split(";")[0]})
+            continue
+        rows.append({**row, "status": "ok", "steps": summary["steps"], "final_train_loss": summary["final_train_loss"],
+                     "test_top1": summary["test_top1"], "test_top5": summary["test_top5"]})
+    return pd.DataFrame(rows)
+
+
+def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals = signal.SIGUSR1,
+                    **options: Any) -> dict[str, Any]:
+    """Start a new run of the training command in ``out``, send it ``stop`` once a checkpoint at
+    ``stop_after_step`` or later exists (as Slurm does before a time limit), and report how it ended."""
+    out = Path(out)
+    folder = RunFolder(out).checkpoints
+    flags = to_flags(**{"progress": False, **options}, out=out)
+    started = time.time()
+    process = subprocess.Popen([sys.executable, "-m", "course_utils.train", *flags], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    while process.poll() is None:
+        saved = [int(path.stem.split("-")[1]) for path in folder.glob("step-*.pt")
+                 if path.stat().st_mtime >= started]  # not the checkpoints of an earlier run, being removed
+        if saved and max(saved) >= stop_after_step:
+            process.send_signal(stop)
+            break
+        time.sleep(0.05)
+    output = process.communicate(timeout=600)[0]
+    marker = RunFolder(out).preempted
+    return {"exit_code": process.returncode, "signal": stop.name,
+            "marker": marker.read_text().strip() if marker.exists() else None,
+            "checkpoints": sorted(path.name for path in folder.glob("*.pt")), "output": output.strip()}

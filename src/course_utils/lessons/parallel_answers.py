@@ -1,0 +1,121 @@
+"""Answer cells of notebooks 06-08 (data parallelism and scaling), written from the tables just measured."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+
+def dataparallel_answer(modes: pd.DataFrame, gpus: int) -> str:
+    """Markdown: what DataParallel bought over one device, and where its memory went."""
+    one, dp = modes.iloc[0], modes[modes["mode"].str.startswith("DataParallel")].iloc[0]
+    if gpus < 2:
+        return (f"- This machine has **{gpus} GPU(s)**, so DataParallel had nothing to split: the run measures its "
+                f"wrapper alone, **{dp['images_per_second']:.0f}** images/s against **{one['images_per_second']:.0f}** "
+                f"without it ({dp['speedup']:.2f}x; short runs vary by several percent). On 2 or more GPUs the "
+                "notebook measures the real thing; the recorded table below shows it.")
+    memory = dp["peak_memory_per_device_mib"]
+    others = sum(memory[1:]) / len(memory[1:])
+    return "\n".join([
+        f"- DataParallel over **{dp['devices']} GPUs** ran at **{dp['images_per_second']:.0f}** images/s, "
+        f"{dp['speedup']:.2f}x one GPU where {dp['devices']}x would be ideal "
+        f"({dp['speedup'] / dp['devices']:.0%} efficiency).",
+        f"- GPU 0 peaked at **{memory[0]:.0f} MiB** against **{others:.0f} MiB** on average on the others "
+        f"({memory[0] / others:.2f}x): it holds the master copy of the model, gathers every output, computes the "
+        "loss and reduces the gradients, while the others only hold a replica and their slice.",
+        "- Every step, one Python process scatters the batch, copies the weights to every GPU, runs the replicas in "
+        "threads (which take turns on the GIL) and gathers the results: that serial work grows with the GPU count.",
+    ])
+
+
+def ddp_answer(modes: pd.DataFrame) -> str:
+    """Markdown: DDP against one device and against DataParallel, from :func:`experiments.compare_modes`."""
+    one = modes.iloc[0]
+    ddp = modes[modes["mode"].str.startswith("DDP")].iloc[0]
+    lines = [f"- DDP on **{ddp['devices']}** ranks: **{ddp['images_per_second']:.0f}** images/s, "
+             f"{ddp['speedup']:.2f}x one device ({ddp['speedup'] / ddp['devices']:.0%} of ideal). Each rank ran "
+             f"{ddp['steps_per_rank'][0]} steps of batch {ddp['global_batch'] // ddp['devices']}: the same per-rank "
+             f"work as the single run, and {ddp['devices']}x the images in all."]
+    lines.append(f"- DDP's own cost is in the iteration time: **{ddp['steady_iteration_seconds'] * 1000:.1f} ms** per "
+                 f"step on the slowest rank against **{one['steady_iteration_seconds'] * 1000:.1f} ms** alone "
+                 f"({ddp['steady_iteration_seconds'] / one['steady_iteration_seconds']:.2f}x): the gradient "
+                 "all-reduce not hidden behind the backward pass, plus, on a CPU, the ranks sharing cores and memory "
+                 "bandwidth.")
+    dp = modes[modes["mode"].str.startswith("DataParallel")]
+    if len(dp) and dp.iloc[0]["devices"] >= 2:
+        ratio = ddp["images_per_second"] / dp.iloc[0]["images_per_second"]
+        lines.append(f"- Against DataParallel on the same GPUs, DDP is **{ratio:.2f}x** as fast: one process per GPU, "
+                     "no weight copies per step, no gathering on GPU 0.")
+    else:
+        lines.append("- DataParallel needs 2 or more GPUs to compare with; the recorded reference table shows it.")
+    return "\n".join(lines)
+
+
+def equivalence_answer(table: pd.DataFrame) -> str:
+    """Markdown: is DDP on N ranks the same training as one process with an N-times batch?"""
+    lines = []
+    for row in table.itertuples():
+        verdict = "the same within float rounding" if row.agree else "different"
+        lines.append(f"- **{row.model}**, {row.ddp} vs {row.compared_with}: largest difference "
+                     f"**{row.max_abs_difference:.2e}** "
+                     f"({row.relative_to_largest_weight:.1e} of the largest weight): {verdict}.")
+    lines.append("- Without BatchNorm, DDP averages the gradients of N equal shares, which is the gradient of their "
+                 "union: the large-batch gradient. With BatchNorm, each rank normalises with the statistics of its own "
+                 "share, so the forward pass itself differs; SyncBatchNorm (`--sync-bn`, GPUs only) computes them over "
+                 "the global batch and restores the equivalence, at the cost of one more all-reduce per layer.")
+    return "\n".join(lines)
+
+
+def knobs_answer(knobs: pd.DataFrame) -> str:
+    """Markdown: what each DDP setting did to throughput here."""
+    lines = [f"- **{row.setting}**: {row.images_per_second:.0f} images/s ({row.relative:.2f}x the defaults)."
+             for row in knobs.itertuples()]
+    lines.append("- Differences of a few percent are within the run-to-run spread of short runs. The knobs matter "
+                 "when communication is expensive: many small buckets cost latency, huge ones start the all-reduce "
+                 "late; bucket views save a copy of every gradient; accumulation all-reduces once per N batches.")
+    return "\n".join(lines)
+
+
+def scaling_answer(tables: dict[str, pd.DataFrame]) -> str:
+    """Markdown: how well each study scaled, at its largest rank count."""
+    lines = []
+    for name, table in tables.items():
+        last = table.iloc[-1]
+        lines.append(f"- **{name}**: {int(last['ranks'])} ranks gave **{last['speedup']:.2f}x** the throughput of "
+                     f"{int(table.iloc[0]['ranks'])} ({last['efficiency']:.0%} efficiency), global batch "
+                     f"{int(last['global_batch'])}.")
+    lines.append("- Strong scaling shrinks each rank's batch, so compute per step falls while the all-reduce stays the "
+                 "same size: efficiency drops first there. Weak scaling keeps each rank busy and is limited by the "
+                 "all-reduce and by stragglers; on CPU processes that share cores it also shows the cores running out.")
+    return "\n".join(lines)
+
+
+def lr_answer(table: pd.DataFrame) -> str:
+    """Markdown: what a larger global batch needs from the learning rate, from the cases just trained."""
+    base = table.iloc[0]
+    lines = []
+    for row in table.itertuples():
+        if row.status != "ok":
+            lines.append(f"- **{row.case}**: {row.status}.")
+            continue
+        lines.append(f"- **{row.case}**: {row.steps:.0f} steps, final training loss {row.final_train_loss:.3f}, "
+                     f"test top-1 {row.test_top1:.1f} % (base batch: {base['test_top1']:.1f} %).")
+    factor = int(table.iloc[1]["batch"] // base["batch"])
+    lines.append(f"- With {factor}x the batch an epoch has {factor}x fewer steps: at the same learning rate the model "
+                 "moves less per epoch. Scaling the rate with the batch (the linear rule) restores the distance "
+                 "travelled; the warm-up avoids the large early steps that can throw a freshly initialised network "
+                 "off course, which is where an unwarmed large rate loses accuracy or diverges.")
+    return "\n".join(lines)
+
+
+def allreduce_answer(table: pd.DataFrame) -> str:
+    """Markdown: latency and bandwidth of the all-reduce just measured."""
+    small, large = table.iloc[0], table.iloc[-1]
+    return "\n".join([
+        f"- {int(large['world_size'])} ranks over **{large['backend']}**: the smallest message "
+        f"({int(small['bytes'])} B) "
+        f"took **{small['seconds'] * 1e6:.0f} µs**, almost all latency; the largest ({int(large['bytes']) / 2**20:.0f} "
+        f"MiB) reached a bus bandwidth of **{large['bus_gb_per_s']:.2f} GB/s**.",
+        "- Compare the large-message bus bandwidth with the link: NVLink 3/4 carries a few hundred GB/s per "
+        "direction, Infinity Fabric between MI250X GCDs 50-200 GB/s, a Slingshot-11 port 25 GB/s. Far below "
+        "the link means the transport is not the one you think (NCCL_DEBUG=INFO tells).",
+    ])

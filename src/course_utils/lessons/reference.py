@@ -1,0 +1,69 @@
+"""Numbers measured on real machines, recorded under ``benchmarks/results/``, for comparison (notebooks
+01-02 and 04-08; the benchmarks record them).
+
+Each result file is JSON with at least ``benchmark``, ``device``, ``date``, ``versions`` and
+``rows`` (a list of flat records). A learner on a laptop sees what a GPU did with the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from course_utils.config import checkout_root
+from course_utils.observe.metrics import json_safe
+
+
+def results_dir() -> Path:
+    return checkout_root() / "benchmarks" / "results"
+
+
+def table(benchmark: str) -> pd.DataFrame:
+    """All recorded rows of ``benchmark``, one per row, with device, host CPU, date and torch columns."""
+    rows = []
+    for path in sorted(results_dir().glob("*.json")):
+        result = json.loads(path.read_text())
+        if result.get("benchmark") != benchmark:
+            continue
+        for row in result["rows"]:
+            rows.append({"device": result["device"], "cpu": result.get("machine", {}).get("cpu", ""),
+                         "date": result["date"], "torch": result["versions"].get("torch", ""), **row})
+    return pd.DataFrame(rows)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def record(benchmark: str, rows: list[dict], device: str) -> Path:
+    """Write ``rows`` measured on ``device`` as a new result file; return its path."""
+    import torch
+    import torchvision
+
+    now = datetime.now(timezone.utc)
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    path = results_dir() / f"{benchmark}-{slug}-{now:%Y%m%d-%H%M%S}.json"
+    result = {
+        "benchmark": benchmark,
+        "device": device,
+        "date": now.strftime("%Y-%m-%d"),
+        "machine": {"cpu": _cpu_model(), "cpu_cores": os.cpu_count()},
+        "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
+                     "python": platform.python_version(), "cuda": torch.version.cuda, "hip": torch.version.hip},
+        "rows": rows,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(json_safe(result), indent=2) + "\n")
+    return path

@@ -1,0 +1,120 @@
+"""What a run writes as it goes and how notebooks read it back (notebooks 01-08).
+
+A run folder holds ``metrics.jsonl`` (one JSON object per logged step and per epoch, each
+with a ``kind``), ``summary.json`` and TensorBoard event files under ``tensorboard/``
+(:mod:`course_utils.run_folder` names them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from course_utils.run_folder import RunFolder
+
+
+def json_safe(value: Any) -> Any:
+    """JSON has no NaN or Infinity; write None instead so every reader can parse the file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
+
+
+class MetricsWriter:
+    """Appends records to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
+
+    def __init__(self, out_dir: Path, enabled: bool = True, resume_step: int | None = None) -> None:
+        """A new run replaces what the folder held; a resumed one (``resume_step``) keeps the records
+        up to that step, drops the later ones (written after the checkpoint, they will be redone)
+        and appends."""
+        self.folder = RunFolder(out_dir)
+        self.enabled = enabled
+        self.kept: list[dict[str, Any]] = []
+        self._stream = None
+        self._tensorboard = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.folder.path.mkdir(parents=True, exist_ok=True)
+            path = self.folder.metrics
+            if resume_step is None:
+                for old in self.folder.tensorboard.glob("events.out.tfevents.*"):
+                    old.unlink()
+            elif path.exists():
+                records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                self.kept = [r for r in records if r.get("step", 0) <= resume_step]
+                partial = path.with_name(path.name + ".tmp")  # replaced in one move: no record is lost
+                partial.write_text("".join(json.dumps(r) + "\n" for r in self.kept))
+                os.replace(partial, path)
+            self._stream = open(path, "a" if resume_step is not None else "w")
+            # purge_step: TensorBoard hides the events of the abandoned steps after the checkpoint.
+            self._tensorboard = SummaryWriter(str(self.folder.tensorboard),
+                                              purge_step=None if resume_step is None else resume_step + 1)
+
+    def record(self, record: dict[str, Any], scalars: dict[str, float] | None = None, step: int = 0) -> None:
+        if not self.enabled:
+            return
+        self._stream.write(json.dumps(json_safe(record)) + "\n")
+        self._stream.flush()
+        for tag, value in (scalars or {}).items():
+            if value is not None and math.isfinite(value):
+                self._tensorboard.add_scalar(tag, value, step)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        if self.enabled:
+            self.folder.summary.write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._stream.close()
+            self._tensorboard.close()
+
+
+@dataclass
+class Run:
+    """A finished run read back: per-iteration, per-log-point and per-epoch tables, and the summary."""
+
+    out_dir: Path
+    iterations: pd.DataFrame  # one row per training iteration: step, epoch, seconds, data_seconds
+    steps: pd.DataFrame  # one row per log point: step, epoch, loss, lr, ...
+    epochs: pd.DataFrame  # one row per epoch
+    summary: dict[str, Any]
+
+
+def load_run(out_dir: Path) -> Run:
+    """Read ``metrics.jsonl`` and ``summary.json`` of a run directory."""
+    folder = RunFolder(out_dir)
+    path = folder.metrics
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: is {out_dir} the --out of a finished run?")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = [r for r in records if r["kind"] == "step"]
+    iterations = [
+        {"step": r["step"] - len(r["iteration_seconds"]) + 1 + i, "epoch": r["epoch"],
+         "seconds": s, "data_seconds": d}
+        for r in steps
+        for i, (s, d) in enumerate(zip(r["iteration_seconds"], r["data_seconds"]))
+    ]
+    return Run(
+        out_dir=folder.path,
+        iterations=pd.DataFrame(iterations),
+        steps=pd.DataFrame(steps).drop(columns=["iteration_seconds", "data_seconds"], errors="ignore"),
+        epochs=pd.DataFrame([r for r in records if r["kind"] == "epoch"]),
+        summary=folder.read_summary() if folder.summary.exists() else {},
+    )

@@ -1,0 +1,216 @@
+"""Where readings come from: NVML, AMD SMI, the vendors' command-line tools, or the CPU (notebook 02,
+and any run with ``--monitor``).
+
+``auto`` takes the first that works here, in the order of :data:`AUTO_ORDER`: the libraries are
+cheaper than starting a tool every sample, and the CPU fallback always works, so that notebooks
+run the same on a laptop and in CI. Asking for a backend that is not here is an error that
+names what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+
+import psutil
+
+from course_utils.observe.monitor.readings import (
+    Reading,
+    nvidia_smi_command,
+    parse_nvidia_smi,
+    parse_rocm_smi,
+    rocm_smi_command,
+)
+
+MIB = 2**20
+UNSUPPORTED = 0xFFFFFFFF  # AMD SMI sets unsupported fields to UINT32_MAX
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested backend cannot run here; the message names what is missing."""
+
+
+class Backend:
+    name = "base"
+
+    def read(self) -> list[Reading]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the backend holds (library handles)."""
+
+
+class NvmlBackend(Backend):
+    name = "nvml"
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+        except ImportError as error:
+            raise BackendUnavailable("nvml needs the nvidia-ml-py package: pip install nvidia-ml-py") from error
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as error:
+            raise BackendUnavailable(f"nvml: the NVIDIA driver library is not usable here ({error})") from error
+        self.nvml = pynvml
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        if not self.handles:
+            raise BackendUnavailable("nvml: the driver reports no NVIDIA GPU")
+
+    def _value(self, call: Callable, *args, scale: float = 1.0) -> float | None:
+        try:
+            return call(*args) / scale
+        except self.nvml.NVMLError:
+            return None
+
+    def read(self) -> list[Reading]:
+        nvml, readings = self.nvml, []
+        for index, handle in enumerate(self.handles):
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            utilization = self._value(lambda h: nvml.nvmlDeviceGetUtilizationRates(h).gpu, handle)
+            readings.append(Reading(
+                index=index,
+                name=str(nvml.nvmlDeviceGetName(handle)),
+                utilization_percent=utilization,
+                memory_used_mib=memory.used / MIB,
+                memory_total_mib=memory.total / MIB,
+                power_watts=self._value(nvml.nvmlDeviceGetPowerUsage, handle, scale=1000),  # mW
+                power_limit_watts=self._value(nvml.nvmlDeviceGetEnforcedPowerLimit, handle, scale=1000),
+                temperature_c=self._value(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
+                clock_mhz=self._value(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
+            ))
+        return readings
+
+    def close(self) -> None:
+        self.nvml.nvmlShutdown()
+
+
+def _amd_number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value != UNSUPPORTED else None
+
+
+class AmdSmiBackend(Backend):
+    name = "amdsmi"
+
+    def __init__(self) -> None:
+        try:
+            import amdsmi
+        except ImportError as error:
+            raise BackendUnavailable("amdsmi needs ROCm's amdsmi Python package (shipped with ROCm 6 and later, "
+                                     "e.g. /opt/rocm/share/amd_smi); pip install it from there") from error
+        try:
+            amdsmi.amdsmi_init()
+            self.handles = amdsmi.amdsmi_get_processor_handles()
+        except amdsmi.AmdSmiException as error:
+            raise BackendUnavailable(f"amdsmi: the AMD GPU driver is not usable here ({error})") from error
+        if not self.handles:
+            raise BackendUnavailable("amdsmi: no AMD GPU found")
+        self.amdsmi = amdsmi
+
+    def _call(self, function: Callable, *args) -> dict:
+        try:
+            return function(*args)
+        except self.amdsmi.AmdSmiException:
+            return {}
+
+    def read(self) -> list[Reading]:
+        smi, readings = self.amdsmi, []
+        for index, handle in enumerate(self.handles):
+            activity = self._call(smi.amdsmi_get_gpu_activity, handle)
+            vram = self._call(smi.amdsmi_get_gpu_vram_usage, handle)  # MB
+            power = self._call(smi.amdsmi_get_power_info, handle)  # W
+            limit = _amd_number(power.get("power_limit"))
+            if limit is not None and limit > 10_000:  # newer releases report the limit in microwatts
+                limit /= 1e6
+            current = _amd_number(power.get("current_socket_power"))
+            readings.append(Reading(
+                index=index,
+                name=self._call(smi.amdsmi_get_gpu_asic_info, handle).get("market_name", "AMD GPU"),
+                utilization_percent=_amd_number(activity.get("gfx_activity")),
+                memory_used_mib=_amd_number(vram.get("vram_used")),
+                memory_total_mib=_amd_number(vram.get("vram_total")),
+                power_watts=current if current is not None else _amd_number(power.get("average_socket_power")),
+                power_limit_watts=limit,
+                clock_mhz=_amd_number(self._call(smi.amdsmi_get_clock_info, handle, smi.AmdSmiClkType.GFX).get("clk")),
+            ))
+        return readings
+
+    def close(self) -> None:
+        self.amdsmi.amdsmi_shut_down()
+
+
+class CommandBackend(Backend):
+    """A vendor tool run once per sample; its output goes through the matching parser."""
+
+    def __init__(self, name: str, command: list[str], parse: Callable[[str], list[Reading]]) -> None:
+        if shutil.which(command[0]) is None:
+            raise BackendUnavailable(f"{name}: the command {command[0]!r} is not on PATH")
+        self.name, self.command, self.parse = name, command, parse
+        self.read()  # fail now, with the tool's message, rather than in the sampling thread
+
+    def read(self) -> list[Reading]:
+        result = subprocess.run(self.command, capture_output=True, text=True, timeout=10)
+        if result.returncode != 0:
+            raise BackendUnavailable(f"{self.name} failed ({result.returncode}): {result.stderr.strip()[:300]}")
+        return self.parse(result.stdout)
+
+
+class CpuBackend(Backend):
+    """This process's CPU use (in % of all cores), its resident memory, and the machine's memory.
+
+    CPU use is measured between consecutive reads; the first read, with no interval behind it,
+    reports none.
+    """
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.process = psutil.Process(os.getpid())
+        self.cores = psutil.cpu_count() or 1
+        self._last = (time.perf_counter(), self._cpu_seconds())
+
+    def _cpu_seconds(self) -> float:
+        times = self.process.cpu_times()
+        return times.user + times.system + times.children_user + times.children_system
+
+    def read(self) -> list[Reading]:
+        now, cpu = time.perf_counter(), self._cpu_seconds()
+        elapsed = now - self._last[0]
+        utilization = None
+        if elapsed >= 0.01:
+            utilization = min(100.0, 100 * (cpu - self._last[1]) / elapsed / self.cores)
+            self._last = (now, cpu)
+        return [Reading(
+            index=0,
+            name=f"CPU ({self.cores} cores, this process)",
+            utilization_percent=utilization,
+            memory_used_mib=self.process.memory_info().rss / MIB,
+            memory_total_mib=psutil.virtual_memory().total / MIB,
+        )]
+
+
+FACTORIES: dict[str, Callable[[], Backend]] = {
+    "nvml": NvmlBackend,
+    "amdsmi": AmdSmiBackend,
+    "nvidia-smi": lambda: CommandBackend("nvidia-smi", nvidia_smi_command(), parse_nvidia_smi),
+    "rocm-smi": lambda: CommandBackend("rocm-smi", rocm_smi_command(), parse_rocm_smi),
+    "cpu": CpuBackend,
+}
+AUTO_ORDER = ("nvml", "amdsmi", "nvidia-smi", "rocm-smi", "cpu")
+BACKEND_NAMES = ("auto",) + AUTO_ORDER
+
+
+def open_backend(name: str = "auto") -> Backend:
+    """The backend called ``name``, or for ``auto`` the first of :data:`AUTO_ORDER` that works."""
+    if name == "auto":
+        for candidate in AUTO_ORDER:
+            try:
+                return FACTORIES[candidate]()
+            except BackendUnavailable:
+                continue
+    if name not in FACTORIES:
+        raise ValueError(f"unknown monitor backend {name!r}; choose one of: {', '.join(BACKEND_NAMES)}")
+    return FACTORIES[name]()

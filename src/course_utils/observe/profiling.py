@@ -1,0 +1,134 @@
+"""torch.profiler around the training loop, named ranges, and where the time went (notebook 03, and any
+run with ``--trace``).
+
+The training loop marks each iteration's phases as ``data``, ``forward``, ``backward`` and
+``optimizer_step``. With a trace requested, each mark is a ``torch.profiler.record_function``
+range (visible in the Chrome/Perfetto trace and the operator table) and, on a GPU, an NVTX range
+for Nsight Systems; PyTorch's ROCm build sends the same calls to ROCTX for rocprof. Without a
+trace the marks cost nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+PHASES = ("data", "forward", "backward", "optimizer_step")
+TRACE_FILE = "trace.json"
+OPERATORS_FILE = "operators.csv"
+PHASES_FILE = "phases.csv"
+
+
+class Ranges:
+    """Named ranges for the phases of an iteration; free when ``enabled`` is False."""
+
+    def __init__(self, enabled: bool = False, nvtx: bool = False) -> None:
+        self.enabled = enabled
+        self.nvtx = nvtx and torch.cuda.is_available()
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        if self.nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            with record_function(name):
+                yield
+        finally:
+            if self.nvtx:
+                torch.cuda.nvtx.range_pop()
+
+
+NO_RANGES = Ranges(enabled=False)
+
+
+@dataclass(frozen=True)
+class TraceSchedule:
+    """Which iterations the profiler records: skip ``wait``, warm up for ``warmup``, record ``active``."""
+
+    wait: int = 5
+    warmup: int = 2
+    active: int = 5
+
+    def fitted(self, total_steps: int) -> TraceSchedule:
+        """The same schedule shrunk so that its active steps happen within ``total_steps``."""
+        active = max(1, min(self.active, total_steps))
+        warmup = max(0, min(self.warmup, total_steps - active))
+        wait = max(0, min(self.wait, total_steps - active - warmup))
+        return TraceSchedule(wait, warmup, active)
+
+
+def start_trace(out_dir: Path, plan: TraceSchedule, device: torch.device) -> profile:
+    """A started profiler that writes, when its active steps are done, ``out_dir/trace.json``
+    (Chrome/Perfetto format), a TensorBoard-plugin trace under ``out_dir/tensorboard``, and the
+    operator and phase tables as ``operators.csv`` and ``phases.csv``.
+
+    Call ``.step()`` after every iteration and ``.stop()`` at the end.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensorboard_dir = out_dir / "tensorboard"
+
+    def on_trace_ready(prof: profile) -> None:
+        prof.export_chrome_trace(str(out_dir / TRACE_FILE))  # a trace can be exported only once
+        tensorboard_dir.mkdir(exist_ok=True)  # ... so give the TensorBoard plugin a copy, named its way
+        plugin_name = f"{socket.gethostname()}_{os.getpid()}.{time.time_ns() // 1_000_000}.pt.trace.json"
+        shutil.copyfile(out_dir / TRACE_FILE, tensorboard_dir / plugin_name)
+        top_operators(prof, count=50).to_csv(out_dir / OPERATORS_FILE, index=False)
+        phase_split(prof).to_csv(out_dir / PHASES_FILE, index=False)
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    prof = profile(activities=activities,
+                   schedule=schedule(wait=plan.wait, warmup=plan.warmup, active=plan.active, repeat=1),
+                   on_trace_ready=on_trace_ready, record_shapes=True, profile_memory=False)
+    prof.start()
+    return prof
+
+
+def _device_total(event) -> float:
+    return getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+
+
+def top_operators(prof: profile, count: int = 15) -> pd.DataFrame:
+    """The operators that took the most time (self time, on the device where there is one)."""
+    rows = [
+        {"operator": e.key, "calls": e.count, "cpu_self_ms": e.self_cpu_time_total / 1000,
+         "cpu_total_ms": e.cpu_time_total / 1000,
+         "device_self_ms": getattr(e, "self_device_time_total", 0.0) / 1000}
+        for e in prof.key_averages() if e.key not in PHASES and not e.key.startswith("ProfilerStep")
+    ]
+    table = pd.DataFrame(rows)
+    order = "device_self_ms" if table["device_self_ms"].sum() > 0 else "cpu_self_ms"
+    return table.sort_values(order, ascending=False).head(count).reset_index(drop=True)
+
+
+def phase_split(prof: profile) -> pd.DataFrame:
+    """Time in each phase range over the recorded iterations, and its share of their sum."""
+    events = {e.key: e for e in prof.key_averages() if e.key in PHASES}
+    rows = [{"phase": name, "calls": events[name].count, "cpu_ms": events[name].cpu_time_total / 1000,
+             "device_ms": _device_total(events[name]) / 1000} for name in PHASES if name in events]
+    table = pd.DataFrame(rows)
+    if not table.empty:
+        basis = "device_ms" if table["device_ms"].sum() > 0 else "cpu_ms"
+        table["share_percent"] = 100 * table[basis] / table[basis].sum()
+    return table
+
+
+def read_tables(out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The operator and phase tables a traced run wrote to ``out_dir``."""
+    out_dir = Path(out_dir)
+    if not (out_dir / PHASES_FILE).exists():
+        raise FileNotFoundError(f"{out_dir} holds no trace tables: train with --trace {out_dir} first")
+    return pd.read_csv(out_dir / OPERATORS_FILE), pd.read_csv(out_dir / PHASES_FILE)

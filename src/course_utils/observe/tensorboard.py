@@ -1,0 +1,45 @@
+"""Read a run's TensorBoard event files back, and show TensorBoard where a person is watching
+(notebook 01).
+
+Reading the events with TensorBoard's own ``EventAccumulator`` proves they are real and lets a
+notebook show the same numbers in CI, where no TensorBoard server should be started.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from course_utils.notebook import interactive
+
+
+def read_scalars(logdir: Path) -> pd.DataFrame:
+    """All scalars under ``logdir`` as a table: tag, step, value, wall_time."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    rows = [
+        {"tag": tag, "step": event.step, "value": event.value, "wall_time": event.wall_time}
+        for tag in accumulator.Tags()["scalars"]
+        for event in accumulator.Scalars(tag)
+    ]
+    return pd.DataFrame(rows, columns=["tag", "step", "value", "wall_time"])
+
+
+def command(logdir: Path, port: int = 6006) -> str:
+    """The shell command that serves ``logdir`` on localhost only."""
+    return f"tensorboard --logdir {logdir} --host 127.0.0.1 --port {port}"
+
+
+def show(logdir: Path, port: int = 6006) -> None:
+    """Start TensorBoard inside the notebook when someone is watching, else print how to start it."""
+    if not interactive():
+        print(f"TensorBoard is not started here (no live notebook). To browse these runs:\n  {command(logdir, port)}")
+        return
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    shell.run_line_magic("load_ext", "tensorboard")
+    shell.run_line_magic("tensorboard", f"--logdir {logdir} --host 127.0.0.1 --port {port}")

@@ -1,0 +1,49 @@
+"""Values reduced or gathered over the ranks of a run, and nothing at all with one process (notebooks 06-08,
+and every run).
+
+The training loop calls these in every mode, so it reads the same with one process and with many.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise sum over all ranks (in place); the tensor itself with one process."""
+    if active():
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise mean over all ranks (in place): the loss every rank reports is the same."""
+    if active():
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+    return tensor
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on at least one."""
+    if not active():
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's ``value`` (picklable), in rank order, on every rank."""
+    if not active():
+        return [value]
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values

@@ -1,0 +1,127 @@
+"""Start torchrun from a notebook cell, stream its output as it comes, end it cleanly (notebooks 06-08).
+
+    result = launch(2, "course_utils.train", "--distributed", "ddp", "--max-steps", "20", "--out", "runs/ddp")
+    result.returncode, result.rank_logs[1], result.per_rank   # per_rank: each rank's steps and timings
+
+Every rank's output reaches the cell prefixed with its rank (torchrun's ``--tee``) and is kept per
+rank under ``log_dir``. On failure the tail of each rank's log is printed. Interrupting the cell
+(or passing ``timeout_seconds``) ends the whole process group, so no rank is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from course_utils.run_folder import RunFolder
+
+TAIL_LINES = 20
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    lines: list[str] = field(default_factory=list)  # everything torchrun printed, in order
+    rank_logs: dict[int, str] = field(default_factory=dict)  # rank -> its stdout and stderr
+    summary: dict | None = None  # the run's summary.json, when the module was the training command with --out
+
+    @property
+    def per_rank(self) -> pd.DataFrame:
+        """One row per rank: its iteration count, images and timings, from the run's summary."""
+        return pd.DataFrame((self.summary or {}).get("per_rank", []))
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def torchrun_command(nproc: int, module: str, args: tuple[str, ...], log_dir: Path, max_restarts: int = 0) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}", "--tee=3", f"--log-dir={log_dir}", "-m", module, *args]
+
+
+def _rank_logs(log_dir: Path) -> dict[int, str]:
+    """torchrun keeps each rank's output under ``log_dir/<run>/attempt_<n>/<rank>/std{out,err}.log``."""
+    logs: dict[int, str] = {}
+    for path in sorted(log_dir.rglob("std*.log")):
+        rank = int(path.parent.name)
+        logs[rank] = logs.get(rank, "") + path.read_text(errors="replace")
+    return logs
+
+
+def _out_dir(args: tuple[str, ...]) -> Path | None:
+    """The folder given to ``--out`` (``--out DIR`` or ``--out=DIR``), if any."""
+    for index, arg in enumerate(args):
+        if arg == "--out" and index + 1 < len(args):
+            return Path(args[index + 1])
+        if arg.startswith("--out="):
+            return Path(arg.split("=", 1)[1])
+    return None
+
+
+def _end_group(process: subprocess.Popen, grace_seconds: float = 10.0) -> None:
+    """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_seconds``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=grace_seconds)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _forward(stream, lines: list[str], echo: bool) -> None:
+    for line in stream:
+        lines.append(line.rstrip("\n"))
+        if echo:
+            print(line, end="", flush=True)
+
+
+def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
+           timeout_seconds: float | None = None, echo: bool = True, max_restarts: int = 0) -> LaunchResult:
+    """Run ``torchrun --standalone --nproc-per-node nproc -m module args...`` and wait for it.
+
+    ``max_restarts``: when a rank fails, torchrun ends the others and starts them all again, up to
+    this many times (with ``--resume auto`` the training continues from its last checkpoint).
+    """
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="torchrun-"))
+    command = torchrun_command(nproc, module, args, log_dir, max_restarts)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                               start_new_session=True)  # its own process group, to end it as a whole
+    result = LaunchResult(returncode=-1)
+    # A thread forwards the output, so that the wait below can time out even while the ranks are silent.
+    reader = threading.Thread(target=_forward, args=(process.stdout, result.lines, echo), daemon=True)
+    reader.start()
+    try:
+        result.returncode = process.wait(timeout=timeout_seconds)
+    except subprocess.TimeoutExpired:
+        _end_group(process)
+        raise TimeoutError(f"torchrun ran past {timeout_seconds} s; every rank was ended") from None
+    except KeyboardInterrupt:
+        _end_group(process)
+        raise
+    finally:
+        if process.poll() is None:
+            _end_group(process)
+        reader.join(timeout=10)
+        process.stdout.close()
+    result.rank_logs = _rank_logs(log_dir)
+    out = _out_dir(args)
+    if result.ok and out is not None and RunFolder(out).summary.is_file():
+        result.summary = RunFolder(out).read_summary()
+    if not result.ok and echo:
+        for rank, text in sorted(result.rank_logs.items()):
+            tail = "\n".join(text.splitlines()[-TAIL_LINES:])
+            print(f"--- rank {rank}: last {TAIL_LINES} lines of its log ---\n{tail}", file=sys.stderr)
+    return result

@@ -1,0 +1,144 @@
+"""Joining and leaving the process group, from torchrun's or Slurm's environment; rank-aware printing (notebooks 06-08).
+
+torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``.
+Under ``srun`` without torchrun, Slurm sets ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``
+and ``SLURM_JOB_NODELIST``, whose first host becomes the rendezvous address. Each process uses
+the GPU of its local rank; the backend comes from :mod:`course_utils.devices` (NCCL, which is
+RCCL on ROCm, on GPUs; gloo on CPUs).
+
+    torchrun --standalone --nproc-per-node 2 -m course_utils.parallel.process_group   # a self-check
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from course_utils import devices
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this process sits in the job."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_PORT
+    source: str = "single"  # "torchrun", "slurm" or "single"
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``nid[005001-005004,005010]`` -> ``nid005001``."""
+    first = re.match(r"([^,\[]+)(\[([^\]]+)\])?([^,]*)", nodelist.strip())
+    if first is None:
+        raise ValueError(f"cannot read the Slurm node list {nodelist!r}")
+    prefix, _, ranges, suffix = first.groups()
+    if ranges is None:
+        return prefix + suffix
+    return prefix + ranges.split(",")[0].split("-")[0] + suffix
+
+
+def placement(env: Mapping[str, str] = os.environ) -> Placement:
+    """This process's place, from torchrun's variables, else Slurm's, else a single process."""
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return Placement(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]),
+                         env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", DEFAULT_PORT)), "torchrun")
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        job = int(env.get("SLURM_JOB_ID", "0"))
+        return Placement(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]),
+                         env.get("MASTER_ADDR") or first_host(env["SLURM_JOB_NODELIST"]),
+                         int(env.get("MASTER_PORT", DEFAULT_PORT + job % 1000)), "slurm")
+    return Placement()
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now, for a process group of one."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def join(timeout_seconds: float = 600, backend: str | None = None, alone: bool = False) -> Placement:
+    """Join the process group (when there is more than one process) and pick this rank's device.
+
+    A rank that waits longer than ``timeout_seconds`` for the others fails with an error instead of
+    hanging forever. ``alone`` makes a group of one when no launcher started this process, so that
+    DDP's own cost can be measured on a single device.
+    """
+    where = placement()
+    if not where.distributed and not alone:
+        return where
+    if torch.cuda.is_available():
+        torch.cuda.set_device(where.local_rank % torch.cuda.device_count())
+    backend = backend or devices.distributed_backend()
+    timeout = timedelta(seconds=timeout_seconds)
+    if where.source == "torchrun":
+        # The store of torchrun's agent outlives a restart (--max-restarts): without a prefix of its
+        # own, a restarted rank can read the address a dead rank of the previous attempt left there.
+        store, _, _ = next(dist.rendezvous("env://", where.rank, where.world_size, timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"course/attempt-{attempt}", store),
+                                rank=where.rank, world_size=where.world_size, timeout=timeout)
+        return where
+    if where.source == "slurm":
+        init_method = f"tcp://{where.master_addr}:{where.master_port}"  # rank 0 opens the store
+    else:
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+    dist.init_process_group(backend, init_method=init_method, rank=where.rank, world_size=where.world_size,
+                            timeout=timeout)
+    return where
+
+
+def leave() -> None:
+    """Leave the process group cleanly (every rank must call it)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank_print(*values: object, everyone: bool = False) -> None:
+    """Print with a ``[rank r/w]`` prefix; only rank 0 prints unless ``everyone``."""
+    where = placement()
+    if everyone or where.is_main:
+        print(f"[rank {where.rank}/{where.world_size}]", *values, flush=True)
+
+
+def main() -> int:
+    """Self-check: every rank contributes its rank to an all-reduce and checks the sum."""
+    where = join(timeout_seconds=120)
+    try:
+        device = devices.default_device()
+        value = torch.tensor([float(where.rank)], device=device)
+        if where.distributed:
+            dist.all_reduce(value)
+        expected = where.world_size * (where.world_size - 1) / 2
+        ok = value.item() == expected
+        rank_print(f"{where.source}: all-reduce of the ranks gave {value.item():g}, expected {expected:g}: "
+                   f"{'ok' if ok else 'WRONG'} (backend {dist.get_backend() if where.distributed else 'none'}, "
+                   f"master {where.master_addr}:{where.master_port})", everyone=True)
+        return 0 if ok else 1
+    finally:
+        leave()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

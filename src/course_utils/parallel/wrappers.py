@@ -1,0 +1,56 @@
+"""How one model is spread over devices: not at all, DataParallel, or DistributedDataParallel
+(notebooks 06-08; every run picks one with ``--distributed``).
+
+DataParallel (``dp``) is one process that copies the model to every visible GPU in each forward
+pass, splits the batch, and gathers outputs and gradients on GPU 0. DistributedDataParallel
+(``ddp``) is one process per device; each keeps its own replica and only gradients travel,
+all-reduced in buckets while the backward pass is still running. Values reduced over the ranks,
+which need nothing at all with a single process, are in :mod:`course_utils.parallel.collectives`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+PARALLEL_MODES = ("none", "dp", "ddp")
+
+
+@dataclass(frozen=True)
+class DDPOptions:
+    """The DistributedDataParallel knobs the course measures (PyTorch's defaults)."""
+
+    bucket_cap_mb: float = 25.0  # gradients are all-reduced in buckets of this size
+    gradient_as_bucket_view: bool = False  # gradients live inside the buckets: one copy less
+    static_graph: bool = False  # the same graph every step: DDP can plan its communication once
+    sync_bn: bool = False  # BatchNorm statistics over the global batch instead of each rank's share
+
+
+def wrap(model: nn.Module, mode: str, device: torch.device, options: DDPOptions = DDPOptions()) -> nn.Module:
+    """``model`` as DataParallel, DistributedDataParallel, or unchanged for ``none``."""
+    if mode == "none":
+        return model
+    if mode == "dp":
+        # On a machine without GPUs DataParallel calls the module directly: the same numbers, one device.
+        return nn.DataParallel(model)
+    if mode != "ddp":
+        raise ValueError(f"unknown --distributed {mode!r}; choose one of: {', '.join(PARALLEL_MODES)}")
+    if options.sync_bn:
+        if device.type != "cuda":
+            raise ValueError("--sync-bn needs GPUs: SyncBatchNorm runs on CUDA/ROCm devices only; leave it off on CPU")
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=options.bucket_cap_mb, gradient_as_bucket_view=options.gradient_as_bucket_view,
+        static_graph=options.static_graph)
+
+
+def no_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """Skip DDP's gradient all-reduce unless ``sync``: the micro-batches of gradient accumulation
+    add up locally and only the last one communicates."""
+    if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()

@@ -1,0 +1,69 @@
+"""What a run folder holds, by name: the one place that knows its file names (notebooks 01-08).
+
+The training command writes these files under ``--out``; notebooks, job scripts, the scaling
+study and the tests read them back through :class:`RunFolder` instead of spelling the names.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+TENSORBOARD = "tensorboard"
+MONITOR = "monitor.csv"
+CHECKPOINTS = "checkpoints"
+LAST_CHECKPOINT = "last.pt"
+PREEMPTED = "PREEMPTED"
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The files of one run, under ``path`` (the run's ``--out``)."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))  # notebooks pass strings too
+
+    @property
+    def metrics(self) -> Path:
+        """One JSON object per logged step and per epoch."""
+        return self.path / METRICS
+
+    @property
+    def summary(self) -> Path:
+        """The run's results: throughput, timings, scores and the full configuration."""
+        return self.path / SUMMARY
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / TENSORBOARD
+
+    @property
+    def monitor(self) -> Path:
+        """The device samples of a run with ``--monitor``."""
+        return self.path / MONITOR
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.checkpoints / LAST_CHECKPOINT
+
+    @property
+    def preempted(self) -> Path:
+        """The marker a run leaves when a stop signal ended it after its checkpoint."""
+        return self.path / PREEMPTED
+
+    def read_summary(self) -> dict[str, Any]:
+        """The finished run's ``summary.json``; a clear error when the run did not finish."""
+        if not self.summary.is_file():
+            raise FileNotFoundError(f"{self.summary} does not exist: the run did not finish, or --out pointed "
+                                    "elsewhere")
+        return json.loads(self.summary.read_text())

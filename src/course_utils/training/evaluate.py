@@ -1,0 +1,32 @@
+"""Test loss and accuracy of the model, over every rank's share of the test set (notebooks 01-08)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from course_utils.parallel.collectives import sum_over_ranks
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Iterable, device: torch.device,
+             on_device: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             sharded: bool = False) -> dict[str, float]:
+    """Test loss, top-1 and top-5 accuracy in percent; with ``sharded`` each rank scores its share
+    and the sums are added over the ranks, so every rank returns the scores of the whole test set."""
+    model.eval()
+    sums = torch.zeros(4, device=device)  # loss, top-1 hits, top-5 hits, images
+    for images, labels in loader:
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        logits = model(on_device(images) if on_device is not None else images)
+        best = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        hits = best == labels[:, None]
+        sums += torch.stack([nn.functional.cross_entropy(logits.float(), labels, reduction="sum"),
+                             hits[:, 0].sum(), hits.any(dim=1).sum(), torch.tensor(len(labels), device=device)])
+    model.train()
+    if sharded:
+        sum_over_ranks(sums)
+    loss, top1, top5, count = sums.tolist()
+    return {"test_loss": loss / count, "test_top1": 100 * top1 / count, "test_top5": 100 * top5 / count}

@@ -1,0 +1,223 @@
+"""The loop over epochs of one run, told as a short story: train the epoch, evaluate, report, checkpoint
+(notebooks 01-08, through :func:`course_utils.train.train` and ``python -m course_utils.train``).
+
+Every rank runs it; rank 0 alone writes metrics, TensorBoard events, checkpoints and the summary.
+What it needs lives beside it: the plan and learning rate in :mod:`.schedule`, the state a
+checkpoint holds in :mod:`.resume`, the observers in :mod:`.observers`, the summary in :mod:`.summary`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from course_utils import devices
+from course_utils.observe.clocks import StepClock
+from course_utils.observe.metrics import MetricsWriter
+from course_utils.parallel.collectives import any_rank, gather, mean_over_ranks
+from course_utils.run_folder import RunFolder
+from course_utils.training import checkpoint, preemption
+from course_utils.training.evaluate import evaluate
+from course_utils.training.observers import Observers
+from course_utils.training.preemption import Preempted, StopSignals
+from course_utils.training.resume import Position, RunState, check_finite
+from course_utils.training.schedule import Plan, scheduler
+from course_utils.training.setup import Setup
+from course_utils.training.step import next_step_batches, train_step
+from course_utils.training.summary import StepTimes, run_summary
+
+
+@dataclass
+class Interval:
+    """The steps since the last log point: their summed loss (on the device), images and data waits."""
+
+    loss: torch.Tensor
+    images: list[int] = field(default_factory=list)
+    data_seconds: list[float] = field(default_factory=list)
+
+    def add(self, loss: torch.Tensor, images: int) -> None:
+        self.loss += loss
+        self.images.append(images)
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    steps: int  # steps of this epoch, those before a resume included
+    seconds: float  # training time of this process's part of the epoch, evaluation excluded
+    train_loss: float  # mean step loss over the epoch and the ranks
+    finished: bool  # False when the run's last step fell mid-epoch
+
+
+class Loop:
+    """One run from its first (or resumed) step to its summary; a context manager that closes what it opens."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.cfg = setup, setup.cfg
+        self.folder = RunFolder(setup.cfg.out)
+        self.plan = Plan.of(setup)
+        self.scheduler = scheduler(setup, self.plan)
+        self.state = RunState(setup, self.scheduler)
+        resumed = self.state.resume(self.cfg.resume) if self.cfg.resume else None
+        self.position = resumed or Position.start(setup.device)
+        if self.position.step >= self.plan.total_steps:
+            raise ValueError(f"{self.folder.path} holds a finished run ({self.position.step} steps): nothing to "
+                             "resume; raise --epochs or --max-steps to train further, or choose another --out")
+        self.clock = StepClock(setup.device)
+        self.times = StepTimes()
+        self._exits = contextlib.ExitStack()
+
+    def __enter__(self) -> Loop:
+        main, resumed = self.setup.where.is_main, self.state.resumed_from is not None
+        self.observers = self._exits.enter_context(Observers(self.setup, self.plan, self.position.step))
+        self._prepare_folder()
+        self.signals = self._exits.enter_context(StopSignals())
+        self.writer = self._exits.enter_context(MetricsWriter(
+            self.folder.path, enabled=main, resume_step=self.position.step if resumed else None))
+        self.epoch_records = [record for record in self.writer.kept if record.get("kind") == "epoch"]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._exits.close()
+
+    def run(self) -> dict[str, Any]:
+        """Train to the end of the plan; the summary, which rank 0 also writes to ``summary.json``."""
+        while self.position.step < self.plan.total_steps:
+            epoch = self.position.epoch
+            result = self.train_epoch()
+            scores = self.evaluate(epoch)
+            self.report(epoch, result, scores)
+            if result.finished:
+                self.position.next_epoch()
+            self.state.save(self.position, self.cfg.keep_checkpoints)
+            if self.position.step < self.plan.total_steps and self._stop_requested(at_log_point=True):
+                self._preempt()
+        summary = run_summary(self.setup, self.plan, self.times, self.position.step, self.epoch_records,
+                              self.observers.monitor, self.state.resumed_from)
+        self.writer.summary(summary)
+        return summary
+
+    def train_epoch(self) -> EpochResult:
+        """Train the rest of the current epoch, logging at log points and checkpointing when asked."""
+        setup, position = self.setup, self.position
+        setup.model.train()
+        setup.loaders.set_epoch(position.epoch)
+        self.observers.phase(f"epoch {position.epoch + 1}")
+        batches = self.state.epoch_batches(position)
+        interval, exhausted = Interval(torch.zeros((), device=setup.device)), False
+        start = time.perf_counter()
+        self.clock.start()
+        while not self._epoch_done():
+            fetch_start = time.perf_counter()
+            micro_batches = next_step_batches(batches, setup, self.observers.ranges)
+            if micro_batches is None:
+                exhausted = True  # the loader ran out before the plan's steps
+                break
+            interval.data_seconds.append(time.perf_counter() - fetch_start)
+            loss = train_step(setup, micro_batches, self.observers.ranges)
+            self.scheduler.step()
+            self.clock.lap()
+            self.observers.stepped()
+            position.advance(loss)
+            interval.add(loss, sum(len(labels) for _, labels in micro_batches))
+            interval = self._after_step(interval)
+        devices.synchronize(setup.device)
+        seconds = time.perf_counter() - start
+        train_loss = mean_over_ranks(position.epoch_loss_sum / position.epoch_step).item()
+        finished = exhausted or position.epoch_step == self.plan.steps_per_epoch
+        return EpochResult(position.epoch_step, seconds, train_loss, finished)
+
+    def evaluate(self, epoch: int) -> dict[str, float]:
+        """Test loss and accuracy on the whole test set, and how long that took."""
+        setup = self.setup
+        self.observers.phase(f"eval {epoch + 1}")
+        start = time.perf_counter()
+        with setup.autocast():
+            scores = evaluate(setup.model, setup.loaders.test, setup.device, setup.loaders.test_on_device,
+                              setup.loaders.test_sharded)
+        return {**scores, "eval_seconds": time.perf_counter() - start}
+
+    def report(self, epoch: int, result: EpochResult, scores: dict[str, float]) -> None:
+        """The epoch's record in the metrics, TensorBoard and one line for the person watching."""
+        setup, world = self.setup, self.setup.where.world_size
+        ranks = gather({"rank": setup.where.rank, "steps": result.steps, "seconds": result.seconds})
+        record = {"kind": "epoch", "epoch": epoch + 1, "step": self.position.step, "steps": result.steps,
+                  "seconds": result.seconds, "train_loss": result.train_loss,
+                  "images_per_second": result.steps * setup.images_per_step * world / result.seconds,
+                  "ranks": ranks, **scores}
+        self.epoch_records.append(record)
+        self.writer.record(record, {"epoch/seconds": result.seconds, "train/epoch_loss": result.train_loss,
+                                    "test/loss": scores["test_loss"], "test/top1": scores["test_top1"],
+                                    "test/top5": scores["test_top5"]}, epoch + 1)
+        self.observers.say(f"epoch {epoch + 1}/{self.plan.epochs}: {result.seconds:.1f} s, train loss "
+                           f"{result.train_loss:.3f}, test top-1 {scores['test_top1']:.1f} %, "
+                           f"{record['images_per_second']:.0f} images/s")
+
+    def _epoch_done(self) -> bool:
+        return (self.position.step >= self.plan.total_steps
+                or self.position.epoch_step >= self.plan.steps_per_epoch)
+
+    def _after_step(self, interval: Interval) -> Interval:
+        """Log at log points; checkpoint when ``--checkpoint-every`` or a stop signal asks. Returns the
+        interval to add the next step to (a new one after a log point)."""
+        position, epoch_done = self.position, self._epoch_done()
+        log_point = position.step % self.cfg.log_every == 0 or epoch_done
+        if log_point:
+            self._log(interval)
+            interval = Interval(torch.zeros((), device=self.setup.device))
+        if epoch_done:
+            return interval  # the epoch's end checkpoints after evaluation
+        if self._stop_requested(log_point):
+            self.state.save(position, self.cfg.keep_checkpoints)
+            self._preempt()
+        if self.cfg.checkpoint_every and position.step % self.cfg.checkpoint_every == 0:
+            self.state.save(position, self.cfg.keep_checkpoints)
+        return interval
+
+    def _log(self, interval: Interval) -> None:
+        seconds = self.clock.drain()
+        loss = mean_over_ranks(interval.loss / len(interval.images)).item()
+        check_finite(loss, self.setup, self.position)
+        rate = sum(interval.images) / sum(seconds)
+        lr = self.scheduler.get_last_lr()[0]
+        step = self.position.step
+        self.writer.record(
+            {"kind": "step", "step": step, "epoch": self.position.epoch + 1, "loss": loss, "lr": lr,
+             "images_per_second": rate, "iteration_seconds": seconds, "data_seconds": interval.data_seconds},
+            {"train/loss": loss, "train/images_per_second": rate, "train/lr": lr}, step)
+        self.times.add(seconds, interval.images, interval.data_seconds)
+        self.observers.logged(loss, rate)
+
+    def _prepare_folder(self) -> None:
+        """Clear what an earlier process left (its stop marker, half-written files); a new run replaces
+        the checkpoints of an earlier one, as its metrics do, where ``--resume`` would continue it."""
+        if not self.setup.where.is_main:
+            return
+        preemption.clear(self.folder)
+        checkpoint.remove_partial(self.folder.checkpoints)
+        position = self.position
+        if self.state.resumed_from:
+            self.observers.say(f"resuming from {self.state.resumed_from}: step {position.step}, epoch "
+                               f"{position.epoch + 1}, {position.epoch_step} steps into it")
+            return
+        if self.cfg.resume:
+            self.observers.say(f"no checkpoint in {self.folder.checkpoints} yet: starting from the beginning")
+        if checkpoint.remove_all(self.folder.checkpoints):
+            self.observers.say(f"a new run in {self.folder.path}: the earlier run's checkpoints were removed")
+
+    def _stop_requested(self, at_log_point: bool) -> bool:
+        """Whether SIGTERM/SIGUSR1 arrived; under DDP the ranks agree at log points, so all stop at one step."""
+        received = self.signals.received is not None
+        if self.setup.where.world_size == 1:
+            return received
+        return at_log_point and any_rank(received, self.setup.device)
+
+    def _preempt(self) -> None:
+        by = self.signals.received or "a signal on another rank"
+        if self.setup.where.is_main:
+            preemption.mark(self.folder, self.position.step, by)
+        raise Preempted(f"stopped by {by} after step {self.position.step}; the checkpoint is in "
+                        f"{self.folder.checkpoints}: continue with --resume auto")

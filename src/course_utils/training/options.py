@@ -1,0 +1,209 @@
+"""Every option of a training run, written once (notebooks 01-08, job scripts, benchmarks).
+
+The fields of :class:`TrainOptions`, with their help text and choices, are the one source of truth:
+the command line of ``python -m course_utils.train`` (:func:`build_parser`), the keyword arguments
+of the notebooks' ``train(...)`` (:meth:`TrainOptions.from_keywords`) and the flags a notebook
+passes to torchrun or a job script (:func:`to_flags`) are all generated from them. A new option is
+one new field. ``None`` means "from the course size"; :meth:`TrainOptions.resolved` fills those in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from dataclasses import Field, asdict, dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+import torch
+
+from course_utils import config
+from course_utils.data.datasets import DATA_SOURCES
+from course_utils.data.loaders import LOADERS
+from course_utils.observe.monitor import BACKEND_NAMES
+from course_utils.parallel.wrappers import PARALLEL_MODES
+from course_utils.training.models import MODEL_NAMES
+
+AMP_DTYPES: dict[str, torch.dtype | None] = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+SIZE_DEPENDENT = ("model", "epochs", "batch_size", "lr", "workers", "log_every", "image_size")  # None: the size's
+
+
+def option(default: Any, help: str, *, choices: typing.Iterable[Any] | None = None, metavar: str | None = None,
+           when_given_alone: Any = None) -> Any:
+    """A field of :class:`TrainOptions` with what its flag needs: help text, choices, metavar, and the
+    value of a flag given without one (``--monitor`` alone means ``--monitor auto``)."""
+    return field(default=default, metadata={"help": help, "choices": tuple(choices) if choices else None,
+                                            "metavar": metavar, "const": when_given_alone})
+
+
+@dataclass
+class TrainOptions:
+    """Every setting of a run. ``None`` means: take it from the course size."""
+
+    size: str | None = option(None, "course size; fills every option left unset (default: $COURSE_SIZE, else "
+                              "workshop on a GPU machine and ci elsewhere)", choices=config.SIZES)
+    model: str | None = option(None, "network to train", choices=MODEL_NAMES)
+    epochs: int | None = option(None, "passes over the training set")
+    max_steps: int | None = option(None, "stop after this many iterations in all, even mid-epoch")
+    batch_size: int | None = option(None, "images per iteration and process")
+    lr: float | None = option(None, "peak learning rate of SGD, annealed by a cosine")
+    momentum: float = option(0.9, "SGD momentum")
+    weight_decay: float = option(5e-4, "L2 weight decay")
+    workers: int | None = option(None, "DataLoader worker processes")
+    loader: str = option("torch", "torch: augment in DataLoader workers; dali: an NVIDIA DALI pipeline (GPU "
+                         "operators on NVIDIA, CPU operators elsewhere); gpu-aug: uint8 batches augmented on the "
+                         "device (the AMD path)", choices=LOADERS)
+    pin_memory: bool | None = option(None, "page-locked host batches for faster copies to the GPU (default: on "
+                                     "with a GPU)")
+    persistent_workers: bool = option(False, "keep DataLoader workers alive between epochs")
+    prefetch_factor: int | None = option(None, "batches each worker loads ahead (default: PyTorch's, 2)")
+    seed: int = option(0, "random seed; a CPU run with the same seed repeats exactly")
+    data: str = option("cifar100", "cifar100, synthetic random images (no I/O), or an imagefolder with train/ and "
+                       "val/", choices=DATA_SOURCES)
+    data_dir: str | None = option(None, "data root holding cifar-100-python/ (default: from the size and "
+                                  "$COURSE_DATA_DIR)", metavar="DIR")
+    augment: bool = option(True, "random crop and flip (--no-augment turns them off)")
+    image_size: int | None = option(None, "32: native CIFAR with CIFAR-stem ResNets; 224: resized, torchvision's "
+                                    "standard ResNets (the LUMI workshop's set-up)", choices=(32, 224))
+    train_samples: int | None = option(None, "use only the first N training images", metavar="N")
+    test_samples: int | None = option(None, "use only the first N test images", metavar="N")
+    input_delay_ms: float = option(0.0, "sleep this long in the loader for every batch, in its workers: an "
+                                   "input-bound run on purpose (torch and gpu-aug loaders)")
+    out: str | None = option(None, "run folder for metrics, TensorBoard and checkpoints (default: "
+                             "runs/<model>-<time>)", metavar="DIR")
+    log_every: int | None = option(None, "write a metrics record every N iterations", metavar="N")
+    amp: str = option("off", "mixed precision: autocast to fp16 (with loss scaling) or bf16; off trains in fp32",
+                      choices=AMP_DTYPES)
+    channels_last: bool = option(False, "NHWC memory layout for model and images (faster convolutions on tensor "
+                                 "cores)")
+    fused_optimizer: bool = option(False, "one fused kernel for the whole SGD update")
+    compile: str | None = option(None, "torch.compile the model in this mode; reduce-overhead adds CUDA graphs on "
+                                 "GPUs", choices=COMPILE_MODES)
+    trace: str | None = option(None, "profile a few iterations with torch.profiler; write DIR/trace.json (open it "
+                               "in Perfetto), a TensorBoard trace and operator/phase tables", metavar="DIR")
+    monitor: str | None = option(None, "sample GPU (or CPU) utilization, memory and power during the run into "
+                                 "OUT/monitor.csv; --monitor alone picks the backend itself",
+                                 choices=BACKEND_NAMES, metavar="BACKEND", when_given_alone="auto")
+    monitor_interval: float = option(0.5, "seconds between monitor samples")
+    device: str = option("auto", "auto (first GPU, else CPU), cpu, cuda or cuda:N")
+    progress: bool = option(True, "a progress bar (--no-progress for batch jobs)")
+    distributed: str = option("none", "none: one device; dp: nn.DataParallel over the visible GPUs in this "
+                              "process; ddp: DistributedDataParallel, one process per device (start it with "
+                              "torchrun or srun; alone it makes a group of one)", choices=PARALLEL_MODES)
+    bucket_cap_mb: float = option(25.0, "DDP: size of the gradient buckets all-reduced together")
+    gradient_as_bucket_view: bool = option(False, "DDP: gradients live inside the communication buckets, saving "
+                                           "a copy and memory")
+    static_graph: bool = option(False, "DDP: the graph is the same every step, so DDP plans its communication once")
+    sync_bn: bool = option(False, "DDP on GPUs: BatchNorm statistics over the global batch (SyncBatchNorm)")
+    grad_accum: int = option(1, "accumulate gradients over N batches per optimizer step (DDP all-reduces only the "
+                             "last one, under no_sync for the others)", metavar="N")
+    warmup_epochs: float = option(0.0, "raise the learning rate linearly from ~0 to --lr over this many epochs, "
+                                  "then anneal (large global batches need it)")
+    dist_timeout: float = option(600.0, "seconds a rank waits for the others before it fails instead of hanging")
+    checkpoint_every: int | None = option(None, "also checkpoint every N steps within an epoch (every epoch's end "
+                                          "always is)", metavar="N")
+    resume: str | None = option(None, "continue from a checkpoint: auto takes the newest in --out's checkpoints/ "
+                                "(starting fresh if there is none), PATH a given file", metavar="auto|PATH")
+    keep_checkpoints: int = option(2, "keep the newest K checkpoints", metavar="K")
+
+    @classmethod
+    def from_keywords(cls, **options: Any) -> TrainOptions:
+        """The options a notebook passes as keywords (``batch_size=32``), with the valid names on a typo."""
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - valid)
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+        return cls(**options)
+
+    def resolved(self) -> TrainOptions:
+        """A copy with every size-dependent ``None`` filled in and the paths made concrete."""
+        size = config.get_size(self.size)
+        values = asdict(self)
+        values["size"] = size.name
+        for name in SIZE_DEPENDENT:
+            if values[name] is None:
+                values[name] = getattr(size, name)
+        if self.data == "cifar100":
+            for name in ("train_samples", "test_samples"):
+                if values[name] is None:
+                    values[name] = getattr(size, name)
+            values["data_dir"] = str(self.data_dir or config.data_dir(size))
+        if values["out"] is None:
+            stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+            values["out"] = config.runs_dir() / f"{values['model']}-{stamp}"
+        for name in ("out", "data_dir", "trace"):  # paths may come as Path objects from a notebook
+            if values[name] is not None:
+                values[name] = str(values[name])
+        return TrainOptions(**values)
+
+
+
+def _value_type(spec: Field) -> type:
+    """``int`` for ``int | None``, and so on: the type a flag's text is parsed as."""
+    hint = typing.get_type_hints(TrainOptions)[spec.name]
+    kinds = [kind for kind in typing.get_args(hint) or (hint,) if kind is not type(None)]
+    return kinds[0]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _help(spec: Field) -> str:
+    text = spec.metadata["help"]
+    if spec.name in SIZE_DEPENDENT:
+        return f"{text} (default: from the size)"
+    if spec.default is None or isinstance(spec.default, bool) or "default" in text:
+        return text
+    return f"{text} (default: {spec.default})"
+
+
+def build_parser(prog: str = "python -m course_utils.train", description: str | None = None
+                 ) -> argparse.ArgumentParser:
+    """The command line of the training command, one flag per field of :class:`TrainOptions`."""
+    sizes = ", ".join(f"{name}: {s.model}, {s.epochs} epochs, batch {s.batch_size}" for name, s in config.SIZES.items())
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=f"Size defaults: {sizes}.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for spec in fields(TrainOptions):
+        meta, kind, flag = spec.metadata, _value_type(spec), _flag(spec.name)
+        if kind is bool and spec.default is None:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=_help(spec))
+        elif kind is bool:
+            action = "store_false" if spec.default else "store_true"
+            parser.add_argument(f"--no-{spec.name.replace('_', '-')}" if spec.default else flag, dest=spec.name,
+                                action=action, help=_help(spec))
+        else:
+            extra = {"nargs": "?", "const": meta["const"]} if meta["const"] is not None else {}
+            parser.add_argument(flag, type=kind, default=spec.default, choices=meta["choices"],
+                                metavar=meta["metavar"], help=_help(spec), **extra)
+    return parser
+
+
+def from_flags(argv: list[str] | None = None) -> TrainOptions:
+    """The options that command-line flags mean."""
+    return TrainOptions(**vars(build_parser().parse_args(argv)))
+
+
+def to_flags(**options: Any) -> list[str]:
+    """The command-line flags that mean ``options`` (``batch_size=32, augment=False`` gives
+    ``--batch-size 32 --no-augment``): what a notebook passes to torchrun or a job script."""
+    specs = {spec.name: spec for spec in fields(TrainOptions)}
+    flags: list[str] = []
+    for name, value in options.items():
+        if name not in specs:
+            raise TypeError(f"unknown option {name!r}; valid: {', '.join(sorted(specs))}")
+        spec = specs[name]
+        if _value_type(spec) is bool:
+            if value is not None and (spec.default is None or bool(value) != spec.default):
+                flags.append(_flag(name) if value else f"--no-{name.replace('_', '-')}")
+        elif value is not None:
+            flags += [_flag(name), str(value)]
+    return flags
+
+
+def changed_options(argv: list[str]) -> dict[str, Any]:
+    """Only the options that ``argv`` sets to something other than their default."""
+    defaults = TrainOptions()
+    return {name: value for name, value in asdict(from_flags(argv)).items() if value != getattr(defaults, name)}
+

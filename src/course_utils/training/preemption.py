@@ -1,0 +1,54 @@
+"""Stopping cleanly when the scheduler asks: SIGTERM or SIGUSR1 means "checkpoint and leave"
+(notebooks 07-08: the interrupted run, and Slurm jobs that requeue themselves).
+
+Slurm sends SIGTERM before it kills a job (at its time limit, on ``scancel``, on preemption) and,
+with ``#SBATCH --signal=USR1@120``, SIGUSR1 a chosen time before the end. The training loop then
+finishes its step, writes a checkpoint, leaves ``PREEMPTED`` in the run folder and exits with
+:data:`EXIT_CODE`; the job scripts see either and requeue themselves, and the requeued job
+continues with ``--resume auto``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+from course_utils.run_folder import RunFolder
+
+EXIT_CODE = 99  # "checkpointed after a stop signal: resume me"
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after writing its checkpoint."""
+
+
+class StopSignals:
+    """Records SIGTERM/SIGUSR1 instead of dying, while the training loop runs (main thread only)."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, number: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(number).name
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for number in SIGNALS:
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+
+def mark(folder: RunFolder, step: int, signal_name: str) -> None:
+    """Leave the marker the job scripts look for (a launcher such as torchrun hides the exit code)."""
+    folder.preempted.write_text(f"stopped by {signal_name} after step {step}; resume with --resume auto\n")
+
+
+def clear(folder: RunFolder) -> None:
+    folder.preempted.unlink(missing_ok=True)

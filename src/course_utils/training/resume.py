@@ -1,0 +1,188 @@
+"""Resuming a run exactly where it stopped: what a checkpoint holds besides the weights (notebooks 07-08).
+
+For a CPU run to continue bit for bit, the resumed process must see the same numbers the
+uninterrupted one would have: the optimizer's momentum, the scheduler's position, every random
+generator (Python, NumPy, torch, CUDA; the DataLoader's, which seeds its workers; gpu-aug's),
+and the position in the epoch's sample order. The order itself needs no storing: it comes from
+the seed and the epoch (see :func:`course_utils.data.loaders.shard_sampler`), so the resumed run
+replays the epoch's first batches through the loader without training on them, and its workers
+draw the same augmentations.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from course_utils.parallel.collectives import gather, mean_over_ranks
+from course_utils.run_folder import LAST_CHECKPOINT, RunFolder
+from course_utils.training import checkpoint
+from course_utils.training.setup import Setup
+
+# Settings that must match for the sample order and the step count to continue where they stopped.
+SAME_TRAINING = ("model", "image_size", "batch_size", "grad_accum", "seed", "train_samples", "data", "loader")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the message names the step."""
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global random generator of this process, in a form ``weights_only`` loading accepts."""
+    _, keys, position, has_gauss, cached = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "position": position,
+                      "has_gauss": has_gauss, "cached": cached},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy = state["numpy"]
+    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["position"],
+                         numpy["has_gauss"], numpy["cached"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def generator_state(generator: torch.Generator | None) -> torch.Tensor | None:
+    return generator.get_state() if generator is not None else None
+
+
+def find(resume: str, checkpoint_dir: Path) -> Path | None:
+    """The checkpoint ``--resume`` names: ``auto`` is the newest in this run's folder (None if there
+    is none yet: the run starts from scratch), anything else a file that must exist."""
+    if resume == "auto":
+        return checkpoint.latest(checkpoint_dir)
+    path = Path(resume)
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume {resume}: no such checkpoint; use --resume auto to continue the run "
+                                f"in --out, or give a file such as {Path(checkpoint_dir) / LAST_CHECKPOINT}")
+    return path
+
+
+def check_same_training(saved: dict[str, Any], current: dict[str, Any], world_size: int, saved_world: int,
+                        path: Path) -> None:
+    """Refuse a checkpoint of another training, naming the setting that differs."""
+    different = [f"{name}: {saved.get(name)!r} in the checkpoint, {current.get(name)!r} now"
+                 for name in SAME_TRAINING if saved.get(name) != current.get(name)]
+    if saved_world != world_size:
+        different.append(f"ranks: {saved_world} in the checkpoint, {world_size} now")
+    if different:
+        raise ValueError(f"{path} is a checkpoint of another training ({'; '.join(different)}); resume with the "
+                         f"same settings, or start a new run with a different --out")
+
+
+@dataclass
+class Position:
+    """Where a run stands: steps done in all, the epoch it is in, steps into that epoch, and the sum
+    of that epoch's step losses so far (kept on the device: reading it would wait for the GPU)."""
+
+    step: int
+    epoch: int
+    epoch_step: int
+    epoch_loss_sum: torch.Tensor
+
+    @classmethod
+    def start(cls, device: torch.device) -> Position:
+        return cls(0, 0, 0, torch.zeros((), device=device))
+
+    def advance(self, loss: torch.Tensor) -> None:
+        self.step += 1
+        self.epoch_step += 1
+        self.epoch_loss_sum += loss
+
+    def next_epoch(self) -> None:
+        self.epoch, self.epoch_step = self.epoch + 1, 0
+        self.epoch_loss_sum = torch.zeros_like(self.epoch_loss_sum)
+
+
+class RunState:
+    """Saves a run's whole state at a :class:`Position` and restores it, every rank's generators included.
+
+    Rank 0 writes the checkpoint; every rank contributes its generators and reads its own back.
+    """
+
+    def __init__(self, setup: Setup, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+        self.setup, self.scheduler = setup, scheduler
+        self.folder = RunFolder(setup.cfg.out)
+        self.resumed_from: str | None = None
+        self._restore: dict[str, Any] | None = None  # this rank's generators, until the first epoch uses them
+        self._epoch_start_loader: torch.Tensor | None = None  # the loader's generator before this epoch's iter()
+
+    def resume(self, option: str) -> Position | None:
+        """Load the checkpoint ``--resume`` names into model, optimizer, scheduler and scaler; its position,
+        or None when ``auto`` finds no checkpoint yet."""
+        setup = self.setup
+        path = find(option, self.folder.checkpoints)
+        if path is None:
+            return None
+        state = checkpoint.load(path, map_location=setup.device)
+        check_same_training(state["config"], asdict(setup.cfg), setup.where.world_size, state["world_size"], path)
+        setup.model.load_state_dict(state["model"])
+        setup.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        setup.scaler.load_state_dict(state["scaler"])
+        self._restore = state["ranks"][setup.where.rank]
+        self.resumed_from = str(path)
+        return Position(state["step"], state["epoch"], state["epoch_step"],
+                        torch.full((), state["epoch_loss_sum"], device=setup.device))
+
+    def epoch_batches(self, position: Position) -> Iterator:
+        """The epoch's batches; right after a resume, continued from the checkpoint's place in them."""
+        loaders, restore = self.setup.loaders, self._restore
+        if restore is not None and restore["loader"] is not None:
+            loaders.order_generator.set_state(restore["loader"])
+        self._epoch_start_loader = generator_state(loaders.order_generator)
+        batches = iter(loaders.train)
+        if restore is not None:
+            # Replay the batches trained before the checkpoint: same order, same augmentations.
+            for _ in range(position.epoch_step * self.setup.cfg.grad_accum):
+                next(batches)
+            set_rng_state(restore["rng"])
+            if restore["augment"] is not None:
+                loaders.augment_generator.set_state(restore["augment"])
+            self._restore = None
+        return batches
+
+    def save(self, position: Position, keep: int) -> None:
+        """A checkpoint from which :meth:`resume` continues exactly; never one of a diverged run."""
+        setup = self.setup
+        loss = mean_over_ranks(position.epoch_loss_sum.detach().clone()).item()
+        check_finite(loss, setup, position, weights=True)
+        ranks = gather({
+            "rng": rng_state(),
+            # Mid-epoch: the state before this epoch's iter(); at an epoch's start: the state now.
+            "loader": self._epoch_start_loader if position.epoch_step else generator_state(
+                setup.loaders.order_generator),
+            "augment": generator_state(setup.loaders.augment_generator)})
+        if setup.where.is_main:
+            checkpoint.save_keeping(
+                {"model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
+                 "epoch": position.epoch, "epoch_step": position.epoch_step, "step": position.step,
+                 "epoch_loss_sum": position.epoch_loss_sum.item(), "world_size": setup.where.world_size,
+                 "config": asdict(setup.cfg), "ranks": ranks},
+                self.folder.checkpoints, position.step, keep)
+
+
+def check_finite(loss: float, setup: Setup, position: Position, weights: bool = False) -> None:
+    """Stop with :class:`NonFiniteLossError` when the loss (and, before a checkpoint, the weights) are no
+    longer finite: a diverged run never replaces a good checkpoint."""
+    weights_finite = not weights or all(torch.isfinite(value).all() for value in setup.model.state_dict().values()
+                                        if value.is_floating_point())
+    if math.isfinite(loss) and weights_finite:
+        return
+    what = f"the training loss became {loss}" if not math.isfinite(loss) else "the weights became inf or nan"
+    raise NonFiniteLossError(f"{what} by step {position.step} (epoch {position.epoch + 1}); lower --lr (now "
+                             f"{setup.cfg.lr}) and check the data; the last good checkpoint is kept")

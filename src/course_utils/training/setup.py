@@ -1,0 +1,137 @@
+"""The set-up of a run, built once from its options: process group, device, data, model, optimizer
+(notebooks 01-08). The step is in :mod:`course_utils.training.step`, the loop over epochs in
+:mod:`course_utils.training.loop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from course_utils import config, devices
+from course_utils.data.datasets import NUM_CLASSES, DataSpec
+from course_utils.data.loaders import Loaders, make_loaders
+from course_utils.parallel import process_group
+from course_utils.parallel.wrappers import DDPOptions, wrap
+from course_utils.training import models
+from course_utils.training.options import AMP_DTYPES, TrainOptions
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return devices.default_device()  # under DDP, the GPU of this rank: joining the group made it current
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {name} asked for a GPU, but torch sees none; use --device cpu")
+    return device
+
+
+def _join_process_group(cfg: TrainOptions) -> process_group.Placement:
+    """Join the process group for DDP; refuse a launch under torchrun/srun that would train N copies alone."""
+    if cfg.distributed == "ddp":
+        return process_group.join(cfg.dist_timeout, alone=True)
+    where = process_group.placement()
+    if where.distributed:
+        raise ValueError(f"this process is rank {where.rank} of {where.world_size} ({where.source}), but "
+                         f"--distributed is {cfg.distributed}: every rank would train alone; add --distributed ddp")
+    if cfg.sync_bn:
+        raise ValueError("--sync-bn synchronises BatchNorm over DDP ranks; use it with --distributed ddp")
+    return where
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices), so that a CPU run repeats exactly."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Setup:
+    """Everything a run trains with, built once from resolved :class:`TrainOptions`.
+
+    A context manager: leaving it releases the loaders and leaves the process group.
+    """
+
+    cfg: TrainOptions
+    where: process_group.Placement
+    device: torch.device
+    loaders: Loaders
+    model: nn.Module  # the module itself: evaluation and checkpoints use it
+    wrapped: nn.Module  # the model, or its DataParallel / DDP wrapper
+    step_model: nn.Module  # what training calls: ``wrapped``, or its torch.compile'd version
+    optimizer: torch.optim.Optimizer
+    criterion: nn.Module
+    scaler: torch.amp.GradScaler
+    autocast_dtype: torch.dtype | None  # None: no autocast, full fp32
+
+    def __enter__(self) -> Setup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loaders.close()
+        process_group.leave()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Mixed precision for the forward pass where the run asks for it."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    @property
+    def images_per_step(self) -> int:
+        """Images one optimizer step of this process consumes."""
+        return self.cfg.batch_size * self.cfg.grad_accum
+
+
+def prepare(options: TrainOptions) -> Setup:
+    """Join the process group if DDP, seed, pick the device, and build data, model and optimizer."""
+    cfg = options.resolved()
+    if cfg.grad_accum < 1:
+        raise ValueError(f"--grad-accum must be at least 1, not {cfg.grad_accum}")
+    where = _join_process_group(cfg)
+    try:
+        return _build(cfg, where)
+    except BaseException:
+        process_group.leave()
+        raise
+
+
+def _loaders(cfg: TrainOptions, where: process_group.Placement, device: torch.device) -> Loaders:
+    size = config.get_size(cfg.size)
+    spec = DataSpec(source=cfg.data, root=Path(cfg.data_dir) if cfg.data_dir else None,
+                    image_size=cfg.image_size, augment=cfg.augment, train_samples=cfg.train_samples,
+                    test_samples=cfg.test_samples, seed=cfg.seed,
+                    prepare_hint=config.prepare_command(size, cfg.data_dir))
+    pin_memory = device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory
+    return make_loaders(cfg.loader, spec, cfg.batch_size, device, workers=cfg.workers, pin_memory=pin_memory,
+                        persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor,
+                        delay_seconds=cfg.input_delay_ms / 1000, shard_id=where.rank, num_shards=where.world_size)
+
+
+def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
+    device = _pick_device(cfg.device)
+    # The same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's weights).
+    seed_everything(cfg.seed)
+    if device.type == "cuda":
+        # Let cuDNN (MIOpen on ROCm) search for the fastest kernels: costly in the first iterations.
+        torch.backends.cudnn.benchmark = True
+    loaders = _loaders(cfg, where, device)
+    model = models.build(cfg.model, num_classes=NUM_CLASSES, image_size=cfg.image_size).to(device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    wrapped = wrap(model, cfg.distributed, device, DDPOptions(
+        cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph, cfg.sync_bn))
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                weight_decay=cfg.weight_decay, fused=cfg.fused_optimizer or None)
+    step_model = torch.compile(wrapped, mode=cfg.compile) if cfg.compile else wrapped
+    # fp16 has a narrow range: small gradients underflow to zero unless the loss is scaled up first.
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
+    return Setup(cfg, where, device, loaders, model, wrapped, step_model, optimizer,
+                 nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp])

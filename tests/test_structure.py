@@ -1,0 +1,87 @@
+"""The package's house rules: no import cycles, lower floors never import upper ones, every module says
+what it is for and which notebooks use it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "course_utils"
+# Each part of the package may import its own floor and the floors below it, never one above.
+FLOORS = {
+    "config": 0, "devices": 0, "notebook": 0, "run_folder": 0,
+    "data": 1, "observe": 1, "parallel": 1,
+    "training": 2,
+    "train": 3,
+    "lessons": 4,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {_module_name(path): ast.parse(path.read_text()) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(tree: ast.Module, modules: set[str]) -> set[str]:
+    """The package's modules that ``tree`` imports, wherever the import stands (lazy ones count too)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("course_utils"):
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                found.add(name if name in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("course_utils"))
+    return {name for name in found if name in modules}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(tree, set(modules)) - {name} for name, tree in modules.items()}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "course_utils"
+
+
+def test_the_package_has_no_import_cycles():
+    graph, state, cycles = _graph(), {}, []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                cycles.append(path[path.index(imported):] + [imported])
+            elif imported not in state:
+                visit(imported, path + [imported])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_no_floor_imports_a_floor_above_it():
+    upward = [f"{module} -> {imported}" for module, imports in _graph().items() for imported in imports
+              if _part(module) in FLOORS and FLOORS[_part(imported)] > FLOORS[_part(module)]]
+    assert not upward, "imports from a higher floor: " + "; ".join(upward)
+
+
+def test_every_part_of_the_package_has_a_floor():
+    assert {_part(module) for module in _graph()} - {"course_utils"} <= set(FLOORS)
+
+
+@pytest.mark.parametrize("module", sorted(_modules()))
+def test_each_module_says_what_it_is_for_and_which_notebooks_use_it(module):
+    docstring = ast.get_docstring(_modules()[module])
+    assert docstring, f"{module} has no docstring"
+    opening = docstring.split("\n\n")[0]
+    assert "notebook" in opening.lower(), f"{module}'s docstring opens without naming the notebooks that use it"
