@@ -14,13 +14,14 @@ from __future__ import annotations
 import gc
 import math
 import platform
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 from course_utils.data.transforms import CIFAR100_MEAN, CIFAR100_STD
 
+CPU = torch.device("cpu")
 AMD_HINT = "on AMD GPUs (LUMI) use --loader gpu-aug, which augments on the GPU in PyTorch"
 
 
@@ -78,7 +79,7 @@ class DaliLoader:
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, batch_size: int, *, shuffle: bool, augment: bool,
                  image_size: int = 32, seed: int = 0, drop_last: bool = False, shard_id: int = 0,
-                 num_shards: int = 1, threads: int = 2, device: torch.device = torch.device("cpu")) -> None:
+                 num_shards: int = 1, threads: int = 2, device: torch.device = CPU) -> None:
         check_available()
         if batch_size > len(images):
             raise ValueError(f"batch size {batch_size} is larger than the data set ({len(images)} samples); "
