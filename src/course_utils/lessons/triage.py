@@ -124,9 +124,7 @@ def triage(steps: int = 30, warmup: int = 5, **options) -> Triage:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    parser.prog = "python -m course_utils.lessons.triage"
-    parser.description = __doc__
+    parser = build_parser(prog="python -m course_utils.lessons.triage", description=__doc__)
     parser.add_argument("--steps", type=int, default=30, help="timed iterations of each mode (default 30)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed iterations before each mode (default 5)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")

@@ -118,8 +118,9 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
         process.stdout.close()
     result.rank_logs = _rank_logs(log_dir)
     out = _out_dir(args)
-    if result.ok and out is not None and RunFolder(out).summary.is_file():
-        result.summary = RunFolder(out).read_summary()
+    folder = RunFolder(out) if out is not None else None
+    if result.ok and folder is not None and folder.summary.is_file():
+        result.summary = folder.read_summary()
     if not result.ok and echo:
         for rank, text in sorted(result.rank_logs.items()):
             tail = "\n".join(text.splitlines()[-TAIL_LINES:])

@@ -10,6 +10,7 @@ one new field. ``None`` means "from the course size"; :meth:`TrainOptions.resolv
 from __future__ import annotations
 
 import argparse
+import functools
 import typing
 from dataclasses import Field, asdict, dataclass, field, fields
 from datetime import datetime
@@ -139,15 +140,21 @@ class TrainOptions:
 
 
 
+@functools.cache
+def _type_hints() -> dict[str, Any]:
+    return typing.get_type_hints(TrainOptions)  # resolved once, not once per field and call
+
+
 def _value_type(spec: Field) -> type:
     """``int`` for ``int | None``, and so on: the type a flag's text is parsed as."""
-    hint = typing.get_type_hints(TrainOptions)[spec.name]
+    hint = _type_hints()[spec.name]
     kinds = [kind for kind in typing.get_args(hint) or (hint,) if kind is not type(None)]
     return kinds[0]
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _flag(name: str, negated: bool = False) -> str:
+    """``batch_size`` -> ``--batch-size``; negated, ``augment`` -> ``--no-augment``."""
+    return ("--no-" if negated else "--") + name.replace("_", "-")
 
 
 def _help(spec: Field) -> str:
@@ -171,7 +178,7 @@ def build_parser(prog: str = "python -m course_utils.train", description: str | 
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=_help(spec))
         elif kind is bool:
             action = "store_false" if spec.default else "store_true"
-            parser.add_argument(f"--no-{spec.name.replace('_', '-')}" if spec.default else flag, dest=spec.name,
+            parser.add_argument(_flag(spec.name, negated=True) if spec.default else flag, dest=spec.name,
                                 action=action, help=_help(spec))
         else:
             extra = {"nargs": "?", "const": meta["const"]} if meta["const"] is not None else {}
@@ -196,7 +203,7 @@ def to_flags(**options: Any) -> list[str]:
         spec = specs[name]
         if _value_type(spec) is bool:
             if value is not None and (spec.default is None or bool(value) != spec.default):
-                flags.append(_flag(name) if value else f"--no-{name.replace('_', '-')}")
+                flags.append(_flag(name, negated=not value))
         elif value is not None:
             flags += [_flag(name), str(value)]
     return flags
