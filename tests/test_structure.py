@@ -4,6 +4,7 @@ what it is for and which notebooks use it."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def _modules() -> dict[str, ast.Module]:
     return {_module_name(path): ast.parse(path.read_text()) for path in sorted(PACKAGE.rglob("*.py"))}
 

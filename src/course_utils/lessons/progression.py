@@ -42,21 +42,21 @@ PROGRESSION_LOADER = "gpu-aug"
 SLOWDOWN_LIMIT = 3.0  # a precision this much slower than fp32 is no use here
 
 
-def _fp16_probe(device: torch.device, model: str) -> str | None:
-    """On a CPU, time a few fp16 steps against fp32: CPUs rarely have fast half-precision kernels."""
-    fp32, fp16 = (measure_setting(model, 16, steps=2, warmup=1, monitor_backend="cpu", amp=amp,
-                                  device=str(device))["images_per_second"] for amp in ("off", "fp16"))
-    if fp16 * SLOWDOWN_LIMIT < fp32:
-        return (f"fp16 runs, but {fp32 / fp16:.0f}x slower than fp32 here ({fp16:.0f} vs {fp32:.0f} images/s in a "
-                f"probe): no fast half-precision kernels on this processor")
+def _half_precision_probe(device: torch.device, model: str, amp: str) -> str | None:
+    """On a CPU, time a few ``amp`` steps against fp32: few CPUs have fast fp16 or bf16 kernels."""
+    fp32, half = (measure_setting(model, 16, steps=2, warmup=1, monitor_backend="cpu", amp=precision,
+                                  device=str(device))["images_per_second"] for precision in ("off", amp))
+    if half * SLOWDOWN_LIMIT < fp32:
+        return (f"{amp} runs, but {fp32 / half:.0f}x slower than fp32 here ({half:.0f} vs {fp32:.0f} images/s in a "
+                f"probe): no fast {amp} kernels on this processor")
     return None
 
 
 def unavailable(stage: Stage, device: torch.device, model: str) -> str | None:
     """Why ``stage`` cannot (usefully) run on ``device``, or None when it can."""
     options = stage.options
-    if options.get("amp") == "fp16" and device.type == "cpu":
-        return _fp16_probe(device, model)
+    if options.get("amp") in ("fp16", "bf16") and device.type == "cpu":
+        return _half_precision_probe(device, model, options["amp"])
     if options.get("amp") == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this GPU has no bfloat16 support"
     if options.get("compile"):
