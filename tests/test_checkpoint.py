@@ -17,15 +17,34 @@ def test_round_trip(tmp_path):
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path):
-    path = checkpoint.save_atomic({"step": 1}, RunFolder(tmp_path).last_checkpoint)
+    path = checkpoint.save_atomic({"model": {}, "step": 1}, RunFolder(tmp_path).last_checkpoint)
     with pytest.raises(RuntimeError, match="simulated"):
-        checkpoint.save_atomic({"step": 2, "bad": Unpicklable()}, path)
+        checkpoint.save_atomic({"model": {}, "step": 2, "bad": Unpicklable()}, path)
     assert checkpoint.load(path)["step"] == 1
     assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
 
 
-def test_loading_refuses_code(tmp_path):
+def test_loading_refuses_code_and_says_why(tmp_path):
     path = tmp_path / "evil.pt"
-    torch.save({"f": print}, path)  # a reference to a callable: code, not data
-    with pytest.raises(Exception, match="weights_only|Unsupported|global"):
+    torch.save({"model": {}, "f": print}, path)  # a reference to a callable: code, not data
+    with pytest.raises(checkpoint.DamagedCheckpoint, match=f"{path} holds objects other than tensors.*could run code"):
         checkpoint.load(path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zero-filled", "empty"])
+def test_a_damaged_file_is_named_without_unsafe_advice(tmp_path, damage):
+    path = checkpoint.save_atomic({"model": {"w": torch.ones(100)}, "step": 1}, tmp_path / "last.pt")
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 2], "zero-filled": bytes(len(data)), "empty": b""}[damage])
+    with pytest.raises(checkpoint.DamagedCheckpoint, match=f"{path} is damaged") as caught:
+        checkpoint.load(path)
+    assert "weights_only" not in str(caught.value)
+
+
+def test_kept_checkpoints_are_independent_files(tmp_path):
+    for step in (1, 2):
+        checkpoint.save_keeping({"model": {"w": torch.full((3,), float(step))}, "step": step}, tmp_path, step)
+    last, newest = tmp_path / "last.pt", checkpoint.step_path(tmp_path, 2)
+    assert last.read_bytes() == newest.read_bytes() and not last.samefile(newest)
+    newest.write_bytes(bytes(newest.stat().st_size))  # damage in place reaches no other file
+    assert checkpoint.load(last)["step"] == 2

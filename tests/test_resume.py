@@ -1,5 +1,6 @@
 """Nothing lost: runs killed at arbitrary moments, or asked to stop by a signal, resume bit for bit."""
 
+import math
 import os
 import re
 import signal
@@ -10,9 +11,12 @@ import time
 import pytest
 import torch
 
+from course_utils.observe.metrics import load_run
 from course_utils.run_folder import RunFolder
-from course_utils.train import train
+from course_utils.train import main, train
 from course_utils.training import checkpoint, preemption
+from course_utils.training.folder_hold import FolderInUse
+from course_utils.training.options import to_flags
 from course_utils.training.preemption import StopSignals
 from course_utils.training.resume import NonFiniteLossError
 
@@ -97,7 +101,7 @@ def test_sigkill_anywhere_then_resume_is_bit_exact(tiny_root, tmp_path, referenc
     first.wait()
     writing = _step_being_written(folder)
     assert writing >= 4 and not checkpoint.step_path(folder, writing).exists(), "the kill came after the write"
-    state = checkpoint.load(checkpoint.latest(folder))  # the previous checkpoint is whole: it loads
+    state = checkpoint.load(checkpoint.candidates(folder)[0])  # the previous checkpoint is whole: it loads
     assert state["step"] == _newest_step(folder) < writing and state["step"] > 0
     # 2. killed in the middle of the second epoch, just after a checkpoint
     second = _start(tiny_root, tmp_path)
@@ -143,12 +147,70 @@ def test_a_stop_signal_checkpoints_exits_99_and_resumes_exactly(tiny_root, tmp_p
     _assert_identical(run_weights(tmp_path), reference)
 
 
+@pytest.mark.slow
+def test_a_run_continued_with_a_higher_max_steps_trains_as_one_never_stopped(quick, tmp_path, run_weights):
+    """--max-steps stops early, mid-epoch too; each continuation trains the steps that are left, on the same
+    learning-rate schedule, and reports each epoch once."""
+    straight = train(**{**quick, "out": str(tmp_path / "straight")})
+    for max_steps in (5, 11, None):  # into epoch 1, into epoch 2, to the end of --epochs
+        summary = train(**quick, max_steps=max_steps, resume="auto" if max_steps != 5 else None)
+    assert summary["steps"] == straight["steps"] and math.isfinite(summary["images_per_second"])
+    _assert_identical(run_weights(quick["out"]), run_weights(tmp_path / "straight"))
+    epochs = load_run(quick["out"]).epochs
+    assert epochs["epoch"].tolist() == [1, 2] and epochs["steps"].tolist() == [8, 8]
+
+
 def test_last_checkpoint_is_the_newest_step(quick):
     train(**{**quick, "max_steps": 5}, checkpoint_every=1, keep_checkpoints=3)
     run = RunFolder(quick["out"])
     steps = sorted(run.checkpoints.glob("step-*.pt"))
     assert len(steps) == 3
-    assert os.path.samefile(run.last_checkpoint, steps[-1])
+    assert checkpoint.load(run.last_checkpoint)["step"] == checkpoint.load(steps[-1])["step"] == 5
+
+
+def test_resume_auto_passes_over_damaged_checkpoints_to_the_newest_good_one(quick, capsys):
+    train(**{**quick, "max_steps": 6}, checkpoint_every=2, keep_checkpoints=3)
+    folder = RunFolder(quick["out"]).checkpoints
+    newest = checkpoint.step_path(folder, 6)
+    newest.write_bytes(bytes(newest.stat().st_size))  # zero-filled in place
+    last = folder / "last.pt"
+    last.write_bytes(last.read_bytes()[:100])  # truncated
+    summary = train(**{**quick, "max_steps": 8}, resume="auto")
+    assert summary["resumed_from"] == str(checkpoint.step_path(folder, 4))
+    said = capsys.readouterr().out
+    assert f"skipped a checkpoint: {last} is damaged" in said and f"skipped a checkpoint: {newest} is damaged" in said
+
+
+def test_a_damaged_checkpoint_named_on_the_command_line_is_one_clear_line(quick, capsys):
+    train(**{**quick, "max_steps": 2})
+    last = RunFolder(quick["out"]).last_checkpoint
+    last.write_bytes(b"")
+    flags = to_flags(**{**quick, "max_steps": 4}, resume=str(last))
+    assert main(flags) == 1
+    error = capsys.readouterr().err.strip()
+    assert error == f"error: {last} is damaged: 0 bytes that are not a whole PyTorch checkpoint (truncated or " \
+                    "overwritten)"
+
+
+@pytest.mark.slow
+def test_a_second_run_in_a_held_folder_refuses_and_a_dead_holder_does_not_block(tiny_root, tmp_path):
+    run = RunFolder(tmp_path)
+    first = subprocess.Popen([sys.executable, "-m", "course_utils.train", *FLAGS, "--data-dir", str(tiny_root),
+                              "--out", str(tmp_path), "--input-delay-ms", "200", "--workers", "0"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run.hold.is_file() and f"process {first.pid}" in run.hold.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run never took the folder"
+            time.sleep(0.2)
+        with pytest.raises(FolderInUse, match=f"{tmp_path} is in use by the run of process {first.pid} on "):
+            train(size="ci", data_dir=str(tiny_root), out=str(tmp_path), max_steps=2, progress=False, device="cpu")
+    finally:
+        first.kill()
+        first.wait()
+    summary = train(size="ci", data_dir=str(tiny_root), train_samples=64, test_samples=32, batch_size=16,
+                    out=str(tmp_path), epochs=1, progress=False, device="cpu")
+    assert summary["steps"] == 4 and not run.preempted.exists()
 
 
 def test_a_checkpoint_of_another_model_is_refused_by_name(quick, tmp_path):

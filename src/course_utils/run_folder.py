@@ -18,6 +18,7 @@ MONITOR = "monitor.csv"
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
 PREEMPTED = "PREEMPTED"
+HOLD = ".hold"
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,11 @@ class RunFolder:
     def preempted(self) -> Path:
         """The marker a run leaves when a stop signal ended it after its checkpoint."""
         return self.path / PREEMPTED
+
+    @property
+    def hold(self) -> Path:
+        """The file a running run keeps locked, so that a second run in the same folder refuses to start."""
+        return self.path / HOLD
 
     def read_summary(self) -> dict[str, Any]:
         """The finished run's ``summary.json``; a clear error when the run did not finish."""

@@ -35,8 +35,8 @@ class MetricsWriter:
 
     def __init__(self, out_dir: Path, enabled: bool = True, resume_step: int | None = None) -> None:
         """A new run replaces what the folder held; a resumed one (``resume_step``) keeps the records
-        up to that step, drops the later ones (written after the checkpoint, they will be redone)
-        and appends."""
+        up to that step, drops the later ones (written after the checkpoint, they will be redone) and
+        the ``partial`` ones (an epoch reported mid-way, which the resumed run reports whole), and appends."""
         self.folder = RunFolder(out_dir)
         self.enabled = enabled
         self.kept: list[dict[str, Any]] = []
@@ -52,7 +52,7 @@ class MetricsWriter:
                     old.unlink()
             elif path.exists():
                 records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                self.kept = [r for r in records if r.get("step", 0) <= resume_step]
+                self.kept = [r for r in records if r.get("step", 0) <= resume_step and not r.get("partial")]
                 partial = path.with_name(path.name + ".tmp")  # replaced in one move: no record is lost
                 partial.write_text("".join(json.dumps(r) + "\n" for r in self.kept))
                 os.replace(partial, path)

@@ -3,21 +3,30 @@
 
 A run killed in the middle of a write leaves the previous checkpoint intact, never a truncated
 file under the final name. A run keeps its last K checkpoints as ``step-NNNNNNNN.pt`` and
-``last.pt``, a hard link to the newest. Loading uses ``weights_only=True``: a checkpoint is data,
-not code.
+``last.pt``, a copy of the newest: independent files, so that damage to one (a disk error, a
+file overwritten in place) leaves the others to resume from. Loading uses ``weights_only=True``:
+a checkpoint is data, not code; a file that is not a whole checkpoint raises
+:class:`DamagedCheckpoint`, which names it.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import tempfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from course_utils.run_folder import LAST_CHECKPOINT
+
+
+class DamagedCheckpoint(RuntimeError):
+    """A file that is not a whole checkpoint: truncated, overwritten, or holding more than data."""
 
 
 def _sync_directory(folder: Path) -> None:
@@ -29,14 +38,14 @@ def _sync_directory(folder: Path) -> None:
         os.close(directory)
 
 
-def save_atomic(state: dict[str, Any], path: Path) -> Path:
-    """Write ``state`` to ``path`` so that ``path`` is always either the old or the new file."""
+def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Write ``path`` through ``write`` so that ``path`` is always either the old or the new file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as stream:
-            torch.save(state, stream)
+            write(stream)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
@@ -47,9 +56,25 @@ def save_atomic(state: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def save_atomic(state: dict[str, Any], path: Path) -> Path:
+    """Write ``state`` to ``path`` so that ``path`` is always either the old or the new file."""
+    return _write_atomic(path, lambda stream: torch.save(state, stream))
+
+
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint without executing anything from it."""
-    return torch.load(Path(path), map_location=map_location, weights_only=True)
+    """Read a checkpoint without executing anything from it; :class:`DamagedCheckpoint` names a bad file."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile) as error:
+        if str(error).startswith("Weights only load failed"):  # never load such a file another way
+            raise DamagedCheckpoint(f"{path} holds objects other than tensors and numbers; it was not loaded, "
+                                    "since loading it could run code") from error
+        raise DamagedCheckpoint(f"{path} is damaged: {path.stat().st_size} bytes that are not a whole PyTorch "
+                                "checkpoint (truncated or overwritten)") from error
+    if not isinstance(state, dict) or "model" not in state:
+        raise DamagedCheckpoint(f"{path} is not a checkpoint of this course's training command (no model state)")
+    return state
 
 
 def step_path(folder: Path, step: int) -> Path:
@@ -57,32 +82,24 @@ def step_path(folder: Path, step: int) -> Path:
 
 
 def save_keeping(state: dict[str, Any], folder: Path, step: int, keep: int = 2) -> Path:
-    """Write the checkpoint of ``step``, make ``last.pt`` point at it, and delete all but the newest
-    ``keep`` step files. Each move is atomic: a kill at any moment leaves a loadable ``last.pt``."""
+    """Write the checkpoint of ``step``, copy it to ``last.pt``, and delete all but the newest ``keep``
+    step files. Each move is atomic: a kill at any moment leaves a loadable ``last.pt``."""
     if keep < 1:
         raise ValueError(f"--keep-checkpoints must be at least 1, not {keep}")
     folder = Path(folder)
     path = save_atomic(state, step_path(folder, step))
-    link = folder / f".{LAST_CHECKPOINT}.{os.getpid()}.tmp"
-    link.unlink(missing_ok=True)
-    try:
-        os.link(path, link)  # no second copy of the bytes
-    except OSError:  # file systems without hard links
-        shutil.copyfile(path, link)
-    os.replace(link, folder / LAST_CHECKPOINT)
-    _sync_directory(folder)
+    with open(path, "rb") as source:
+        _write_atomic(folder / LAST_CHECKPOINT, lambda stream: shutil.copyfileobj(source, stream))
     for old in sorted(folder.glob("step-*.pt"))[:-keep]:
         old.unlink()
     return path
 
 
-def latest(folder: Path) -> Path | None:
-    """The newest checkpoint in ``folder``: ``last.pt``, else the newest step file, else None."""
+def candidates(folder: Path) -> list[Path]:
+    """The checkpoints in ``folder``, newest first: ``last.pt``, then the step files."""
     folder = Path(folder)
-    if (folder / LAST_CHECKPOINT).is_file():
-        return folder / LAST_CHECKPOINT
-    steps = sorted(folder.glob("step-*.pt"))
-    return steps[-1] if steps else None
+    last = [folder / LAST_CHECKPOINT] if (folder / LAST_CHECKPOINT).is_file() else []
+    return last + sorted(folder.glob("step-*.pt"), reverse=True)
 
 
 def remove_partial(folder: Path) -> list[Path]:

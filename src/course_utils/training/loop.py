@@ -22,6 +22,7 @@ from course_utils.parallel.collectives import any_rank, gather, mean_over_ranks
 from course_utils.run_folder import RunFolder
 from course_utils.training import checkpoint, preemption
 from course_utils.training.evaluate import evaluate
+from course_utils.training.folder_hold import FolderHold
 from course_utils.training.observers import Observers
 from course_utils.training.preemption import Preempted, StopSignals
 from course_utils.training.resume import Position, RunState, check_finite
@@ -47,6 +48,7 @@ class Interval:
 @dataclass(frozen=True)
 class EpochResult:
     steps: int  # steps of this epoch, those before a resume included
+    trained: int  # steps of this epoch that this process trained (after a resume, fewer than ``steps``)
     seconds: float  # training time of this process's part of the epoch, evaluation excluded
     train_loss: float  # mean step loss over the epoch and the ranks
     finished: bool  # False when the run's last step fell mid-epoch
@@ -72,12 +74,16 @@ class Loop:
 
     def __enter__(self) -> Loop:
         main, resumed = self.setup.where.is_main, self.state.resumed_from is not None
-        self.observers = self._exits.enter_context(Observers(self.setup, self.plan, self.position.step))
-        self._prepare_folder()
-        self.signals = self._exits.enter_context(StopSignals())
-        self.writer = self._exits.enter_context(MetricsWriter(
-            self.folder.path, enabled=main, resume_step=self.position.step if resumed else None))
-        self.epoch_records = [record for record in self.writer.kept if record.get("kind") == "epoch"]
+        with self._exits as exits:  # what was entered is closed again if a later step fails
+            if main:
+                exits.enter_context(FolderHold(self.folder))
+            self.observers = exits.enter_context(Observers(self.setup, self.plan, self.position.step))
+            self._prepare_folder()
+            self.signals = exits.enter_context(StopSignals())
+            self.writer = exits.enter_context(MetricsWriter(
+                self.folder.path, enabled=main, resume_step=self.position.step if resumed else None))
+            self.epoch_records = [record for record in self.writer.kept if record.get("kind") == "epoch"]
+            self._exits = exits.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -107,6 +113,7 @@ class Loop:
         setup.loaders.set_epoch(position.epoch)
         self.observers.phase(f"epoch {position.epoch + 1}")
         batches = self.state.epoch_batches(position)
+        first_step = position.epoch_step
         interval, exhausted = Interval(torch.zeros((), device=setup.device)), False
         start = time.perf_counter()
         self.clock.start()
@@ -128,7 +135,7 @@ class Loop:
         seconds = time.perf_counter() - start
         train_loss = mean_over_ranks(position.epoch_loss_sum / position.epoch_step).item()
         finished = exhausted or position.epoch_step == self.plan.steps_per_epoch
-        return EpochResult(position.epoch_step, seconds, train_loss, finished)
+        return EpochResult(position.epoch_step, position.epoch_step - first_step, seconds, train_loss, finished)
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         """Test loss and accuracy on the whole test set, and how long that took."""
@@ -144,10 +151,11 @@ class Loop:
         """The epoch's record in the metrics, TensorBoard and one line for the person watching."""
         setup, world = self.setup, self.setup.where.world_size
         ranks = gather({"rank": setup.where.rank, "steps": result.steps, "seconds": result.seconds})
+        # An epoch the run left mid-way is reported as it stands; a run that continues it reports it again.
         record = {"kind": "epoch", "epoch": epoch + 1, "step": self.position.step, "steps": result.steps,
                   "seconds": result.seconds, "train_loss": result.train_loss,
-                  "images_per_second": result.steps * setup.images_per_step * world / result.seconds,
-                  "ranks": ranks, **scores}
+                  "images_per_second": result.trained * setup.images_per_step * world / result.seconds,
+                  "ranks": ranks, **scores, **({} if result.finished else {"partial": True})}
         self.epoch_records.append(record)
         self.writer.record(record, {"epoch/seconds": result.seconds, "train/epoch_loss": result.train_loss,
                                     "test/loss": scores["test_loss"], "test/top1": scores["test_top1"],
@@ -199,6 +207,8 @@ class Loop:
         preemption.clear(self.folder)
         checkpoint.remove_partial(self.folder.checkpoints)
         position = self.position
+        for reason in self.state.skipped:
+            self.observers.say(f"skipped a checkpoint: {reason}")
         if self.state.resumed_from:
             self.observers.say(f"resuming from {self.state.resumed_from}: step {position.step}, epoch "
                                f"{position.epoch + 1}, {position.epoch_step} steps into it")

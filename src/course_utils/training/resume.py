@@ -59,16 +59,27 @@ def generator_state(generator: torch.Generator | None) -> torch.Tensor | None:
     return generator.get_state() if generator is not None else None
 
 
-def find(resume: str, checkpoint_dir: Path) -> Path | None:
-    """The checkpoint ``--resume`` names: ``auto`` is the newest in this run's folder (None if there
-    is none yet: the run starts from scratch), anything else a file that must exist."""
-    if resume == "auto":
-        return checkpoint.latest(checkpoint_dir)
-    path = Path(resume)
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume {resume}: no such checkpoint; use --resume auto to continue the run "
-                                f"in --out, or give a file such as {Path(checkpoint_dir) / LAST_CHECKPOINT}")
-    return path
+def find(resume: str, checkpoint_dir: Path,
+         map_location: torch.device) -> tuple[Path, dict[str, Any], list[str]] | None:
+    """The checkpoint ``--resume`` names, loaded: ``auto`` is the newest whole one in this run's folder
+    (None if there is none yet: the run starts from scratch), anything else a file that must exist and
+    load. Also says which newer checkpoints ``auto`` skipped, and why."""
+    if resume != "auto":
+        path = Path(resume)
+        if not path.is_file():
+            raise FileNotFoundError(f"--resume {resume}: no such checkpoint; use --resume auto to continue the run "
+                                    f"in --out, or give a file such as {Path(checkpoint_dir) / LAST_CHECKPOINT}")
+        return path, checkpoint.load(path, map_location), []
+    skipped = []
+    for path in checkpoint.candidates(checkpoint_dir):
+        try:
+            return path, checkpoint.load(path, map_location), skipped
+        except checkpoint.DamagedCheckpoint as error:
+            skipped.append(str(error))
+    if skipped:
+        raise checkpoint.DamagedCheckpoint(f"no checkpoint in {checkpoint_dir} loads ({'; '.join(skipped)}); "
+                                           "train from the beginning with another --out")
+    return None
 
 
 def check_same_training(saved: dict[str, Any], current: dict[str, Any], world_size: int, saved_world: int,
@@ -117,6 +128,7 @@ class RunState:
         self.setup, self.scheduler = setup, scheduler
         self.folder = RunFolder(setup.cfg.out)
         self.resumed_from: str | None = None
+        self.skipped: list[str] = []  # why ``--resume auto`` passed over newer checkpoints
         self._restore: dict[str, Any] | None = None  # this rank's generators, until the first epoch uses them
         self._epoch_start_loader: torch.Tensor | None = None  # the loader's generator before this epoch's iter()
 
@@ -124,10 +136,10 @@ class RunState:
         """Load the checkpoint ``--resume`` names into model, optimizer, scheduler and scaler; its position,
         or None when ``auto`` finds no checkpoint yet."""
         setup = self.setup
-        path = find(option, self.folder.checkpoints)
-        if path is None:
+        found = find(option, self.folder.checkpoints, setup.device)
+        if found is None:
             return None
-        state = checkpoint.load(path, map_location=setup.device)
+        path, state, self.skipped = found
         check_same_training(state["config"], asdict(setup.cfg), setup.where.world_size, state["world_size"], path)
         setup.model.load_state_dict(state["model"])
         setup.optimizer.load_state_dict(state["optimizer"])

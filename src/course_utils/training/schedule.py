@@ -15,12 +15,17 @@ from course_utils.training.setup import Setup
 
 @dataclass(frozen=True)
 class Plan:
-    """The optimizer steps of a run: per epoch, in all (``--max-steps`` may end it mid-epoch), and
-    how many epochs that touches."""
+    """The optimizer steps of a run: per epoch, in all (``--max-steps`` may end it mid-epoch), how
+    many epochs that touches, and the steps of ``--epochs``, over which the learning rate moves.
+
+    ``--max-steps`` stops a run early without changing its schedule: a run continued with a higher
+    ``--max-steps`` trains exactly as one that was never stopped.
+    """
 
     steps_per_epoch: int
     total_steps: int
     epochs: int
+    scheduled_steps: int
 
     @classmethod
     def of(cls, setup: Setup) -> Plan:
@@ -32,7 +37,7 @@ class Plan:
         total = steps_per_epoch * cfg.epochs
         if cfg.max_steps is not None:
             total = min(total, cfg.max_steps)
-        return cls(steps_per_epoch, total, math.ceil(total / steps_per_epoch))
+        return cls(steps_per_epoch, total, math.ceil(total / steps_per_epoch), steps_per_epoch * cfg.epochs)
 
 
 def lr_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
@@ -49,4 +54,4 @@ def lr_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
 def scheduler(setup: Setup, plan: Plan) -> torch.optim.lr_scheduler.LambdaLR:
     """The run's learning-rate scheduler: ``--warmup-epochs`` of warm-up, then the cosine."""
     warmup = round(setup.cfg.warmup_epochs * plan.steps_per_epoch)
-    return torch.optim.lr_scheduler.LambdaLR(setup.optimizer, lr_schedule(plan.total_steps, warmup))
+    return torch.optim.lr_scheduler.LambdaLR(setup.optimizer, lr_schedule(plan.scheduled_steps, warmup))

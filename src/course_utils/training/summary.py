@@ -63,7 +63,8 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
                 monitor: Monitor | None, resumed_from: str | None) -> dict[str, Any]:
     """The whole job's summary, the same on every rank (every rank takes part in gathering it)."""
     cfg, device, world = setup.cfg, setup.device, setup.where.world_size
-    skip = warmup_steps(plan.steps_per_epoch, plan.epochs, steps)
+    # Warm-up is paid by each process: after a resume, by the steps this one trained.
+    skip = warmup_steps(plan.steps_per_epoch, plan.epochs, len(times.seconds))
     ranks = gather(rank_summary(setup, times, steps, skip))
     last = epoch_records[-1]
     return {
