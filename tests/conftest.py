@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
+from course_utils.data.generated_cifar100 import generate
 from course_utils.parallel import process_group
 from course_utils.parallel.launch import LaunchResult, launch
 from course_utils.run_folder import RunFolder
 from course_utils.training import checkpoint
-from data_prep.tiny_cifar100 import generate
 
 
 @pytest.fixture(scope="session")

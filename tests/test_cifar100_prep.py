@@ -5,8 +5,8 @@ import tarfile
 import pytest
 
 from course_utils.data.cifar import FOLDER, VerifiedCIFAR100, file_md5
+from course_utils.data.generated_cifar100 import generate
 from data_prep import cifar100
-from data_prep.tiny_cifar100 import generate
 
 
 @pytest.fixture

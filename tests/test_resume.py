@@ -209,7 +209,7 @@ def test_a_second_run_in_a_held_folder_refuses_and_a_dead_holder_does_not_block(
         first.kill()
         first.wait()
     summary = train(size="ci", data_dir=str(tiny_root), train_samples=64, test_samples=32, batch_size=16,
-                    out=str(tmp_path), epochs=1, progress=False, device="cpu")
+                    out=str(tmp_path), epochs=1, progress=False, device="cpu", overwrite=True)
     assert summary["steps"] == 4 and not run.preempted.exists()
 
 

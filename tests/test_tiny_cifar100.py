@@ -1,3 +1,4 @@
+import json
 import pickle
 
 import numpy as np
@@ -10,11 +11,12 @@ from course_utils.data.cifar import (
     DatasetMissingError,
     VerifiedCIFAR100,
     describe,
+    expected_md5,
     file_md5,
     mismatched_files,
 )
-from data_prep.labels import COARSE_LABEL_NAMES, FINE_LABEL_NAMES
-from data_prep.tiny_cifar100 import generate
+from course_utils.data.cifar100_labels import COARSE_LABEL_NAMES, FINE_LABEL_NAMES
+from course_utils.data.generated_cifar100 import generate
 
 
 def _load(path):
@@ -91,3 +93,48 @@ def test_generation_replaces_a_previous_tree_without_leftovers(tmp_path):
     generate(tmp_path, train=200, test=100, seed=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar-100-python"]
     assert len(VerifiedCIFAR100(tmp_path)) == 200
+
+
+_WRITES_A_FILE = '''\
+import os
+
+
+class WritesAFile:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+'''
+
+
+def test_a_forged_manifest_and_pickle_in_a_shared_folder_are_refused_before_unpickling(tmp_path):
+    """Someone who can write the data folder replaces a pickle and the manifest beside it with one that
+    lists the forged file's MD5: the checksum comes from the code, so nothing is unpickled."""
+    generate(tmp_path, train=100, test=100)
+    folder, marker = tmp_path / "cifar-100-python", tmp_path / "code-ran"
+    namespace: dict = {}
+    exec(_WRITES_A_FILE.format(marker=marker), namespace)
+    (folder / "meta").write_bytes(pickle.dumps(namespace["WritesAFile"](), protocol=2))
+    manifest_path = folder / "course-manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["md5"] = {name: file_md5(folder / name) for name in ("train", "test", "meta")}  # the old format's sums
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(DatasetCorruptError, match="meta fails its checksum"):
+        VerifiedCIFAR100(tmp_path, train=False)
+    assert not marker.exists()
+    assert mismatched_files(tmp_path) == ["meta"]
+
+
+@pytest.mark.parametrize("manifest", ['{"train": 100, "test": 100}', '{"train": 10000000, "test": 100, "seed": 0}',
+                                      'not json'])
+def test_a_manifest_this_course_did_not_write_is_refused_with_the_fix(tmp_path, manifest):
+    generate(tmp_path, train=100, test=100)
+    (tmp_path / "cifar-100-python" / "course-manifest.json").write_text(manifest)
+    with pytest.raises(DatasetCorruptError, match=r"not a manifest this course writes.*\n    python -m data_prep"):
+        VerifiedCIFAR100(tmp_path, prepare_hint="python -m data_prep --size ci")
+
+
+def test_the_sums_are_those_of_the_files_the_parameters_make(tmp_path):
+    generate(tmp_path, train=120, test=100, seed=3)
+    manifest = json.loads((tmp_path / "cifar-100-python" / "course-manifest.json").read_text())
+    assert "md5" not in manifest  # only what makes the files
+    assert expected_md5(tmp_path) == {name: file_md5(tmp_path / "cifar-100-python" / name)
+                                      for name in ("train", "test", "meta")}

@@ -9,6 +9,8 @@ its ``--out`` folder. Options left unset take their value from the course size (
 
 from __future__ import annotations
 
+import errno
+import subprocess
 import sys
 from typing import Any
 
@@ -31,6 +33,20 @@ def train(**options: Any) -> dict[str, Any]:
     return run(TrainOptions.from_keywords(**options))
 
 
+def describe_error(error: BaseException) -> str:
+    """One line for the terminal: what went wrong and how to go on. The course's own errors already say
+    it; a full disk and the operating system's errors get the file and the fix."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        where = f" writing {error.filename}" if error.filename else ""
+        return (f"disk full{where}: free space there or choose another --out; the checkpoints already written "
+                "are whole (every write is atomic), and --resume auto continues from the last one")
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror + (f": {error.filename}" if error.filename else "")
+    if isinstance(error, (ValueError, RuntimeError, OSError)):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(description=__doc__).parse_args(argv)
     try:
@@ -38,8 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as stop:
         print(f"preempted: {stop}", file=sys.stderr)
         return preemption.EXIT_CODE
-    except (FileNotFoundError, ValueError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("stopped by a second Ctrl-C, without a checkpoint of the last steps; --resume auto continues from "
+              "the last checkpoint", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, RuntimeError, KeyError, EOFError, subprocess.SubprocessError) as error:
+        print(f"error: {describe_error(error)}", file=sys.stderr)
         return 1
     if process_group.placement().is_main:
         print(f"{summary['images_per_second']:.0f} images/s in steady state, test top-1 "

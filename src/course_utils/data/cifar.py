@@ -1,12 +1,12 @@
-"""CIFAR-100 read by torchvision's own reader, with checksums that also fit generated data (notebook 00,
-and every run that trains on CIFAR-100).
+"""CIFAR-100 read by torchvision's own reader, with checksums that come from the code (notebook 00, and
+every run that trains on CIFAR-100).
 
-torchvision checks every file against the official archive's MD5 sums before it unpickles
-anything. The tiny CIFAR-100 that ``data_prep.tiny_cifar100`` writes has the official on-disk
-format but, of course, other bytes. It therefore writes a manifest of its files' MD5 sums beside
-them; :class:`VerifiedCIFAR100` takes the sums from that manifest when there is one and the
-official sums otherwise. The reading code stays torchvision's, and a file changed after it was
-written is still refused.
+torchvision checks every file against MD5 sums before it unpickles anything, and unpickling a
+file can run code. The sums therefore never come from the data folder, which a whole class may
+share on project scratch: the official files are checked against the official archive's sums
+(torchvision's), and the tiny generated set against the sums of the files its recorded
+parameters make (:mod:`course_utils.data.generated_cifar100`). A file changed after it was written,
+or a forged manifest, is refused before anything is loaded.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from torchvision.datasets import CIFAR100
 
-FOLDER = CIFAR100.base_folder  # "cifar-100-python"
-MANIFEST = "course-manifest.json"
+from course_utils.data import generated_cifar100
+from course_utils.data.generated_cifar100 import FOLDER, MANIFEST
+
 OFFICIAL_MD5 = {
     CIFAR100.train_list[0][0]: CIFAR100.train_list[0][1],
     CIFAR100.test_list[0][0]: CIFAR100.test_list[0][1],
@@ -45,17 +46,26 @@ def file_md5(path: Path, chunk_bytes: int = 1 << 20) -> str:
 
 
 def read_manifest(root: Path) -> dict | None:
-    """The manifest data_prep wrote beside generated data, or None for the official files."""
+    """The manifest beside generated data (its parameters, no checksums), or None for the official files."""
     path = Path(root) / FOLDER / MANIFEST
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+        generated_cifar100.parameters(manifest)
+    except ValueError as error:  # JSONDecodeError included
+        raise DatasetCorruptError(f"{path} is not a manifest this course writes ({error}); delete "
+                                  f"{path.parent} and prepare the data again") from error
+    return manifest
 
 
 def expected_md5(root: Path) -> dict[str, str]:
-    """File name -> MD5 that the files under ``root`` must have."""
+    """File name -> MD5 that the files under ``root`` must have: the official sums, or those of the files
+    the generated set's parameters make."""
     manifest = read_manifest(root)
-    return dict(manifest["md5"]) if manifest else dict(OFFICIAL_MD5)
+    if manifest is None:
+        return dict(OFFICIAL_MD5)
+    return generated_cifar100.expected_md5(*generated_cifar100.parameters(manifest))
 
 
 def mismatched_files(root: Path) -> list[str]:
@@ -80,7 +90,7 @@ def describe(root: Path) -> str:
 
 
 class VerifiedCIFAR100(CIFAR100):
-    """``torchvision.datasets.CIFAR100`` with checksums from the manifest when there is one, whose
+    """``torchvision.datasets.CIFAR100`` with the checksums of :func:`expected_md5`, whose
     samples are ``3 x 32 x 32`` uint8 tensors rather than PIL images.
 
     torchvision wraps each decoded array in a PIL image, which the transforms then turn back
@@ -93,7 +103,10 @@ class VerifiedCIFAR100(CIFAR100):
                  prepare_hint: str = "python -m data_prep.cifar100 --root DIR") -> None:
         root = Path(root)
         folder = root / FOLDER
-        sums = expected_md5(root)
+        try:
+            sums = expected_md5(root)
+        except DatasetCorruptError as error:
+            raise DatasetCorruptError(f"{error} with:\n    {prepare_hint}") from error
         missing = [name for name in sums if not (folder / name).is_file()]
         if missing:
             raise DatasetMissingError(

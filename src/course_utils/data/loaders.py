@@ -8,6 +8,7 @@ path behind one interface.
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,12 @@ class DelayedCollate:
     def __call__(self, samples: list) -> Any:
         time.sleep(self.delay_seconds)
         return default_collate(samples)
+
+
+def leave_interrupts_to_the_trainer(worker_id: int) -> None:
+    """Ctrl-C reaches every process of the terminal; a worker that died of it would take the batches the
+    training process needs to reach its checkpoint, so the workers ignore it and the trainer decides."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def seeded_generator(seed: int) -> torch.Generator:
@@ -85,6 +92,7 @@ def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: i
         drop_last=drop_last,
         generator=seeded_generator(seed * 1_000 + shard_id),
         collate_fn=DelayedCollate(delay_seconds) if delay_seconds > 0 else None,
+        worker_init_fn=leave_interrupts_to_the_trainer if workers > 0 else None,
     )
 
 

@@ -29,6 +29,8 @@ from course_utils.training.options import to_flags
 from course_utils.training.resume import NonFiniteLossError
 
 CPU_RANKS = 2  # DDP ranks on a machine without GPUs
+# The runs a lesson makes in its own folders: no progress bar each, and a rerun replaces what the last left.
+SCRATCH = {"progress": False, "overwrite": True}
 
 
 def iterations_per_epoch(samples: int, batch: int, ranks: Sequence[int]) -> pd.DataFrame:
@@ -53,7 +55,7 @@ def data_parallel_width() -> int:
 def run_ddp(nproc: int, out: Path, echo: bool = False, **options: Any) -> dict[str, Any]:
     """``options`` trained with DDP on ``nproc`` ranks under torchrun; the run's summary, or an error
     with the end of torchrun's output when a rank failed."""
-    result = launch(nproc, "course_utils.train", *to_flags(**{"progress": False, **options}, distributed="ddp",
+    result = launch(nproc, "course_utils.train", *to_flags(**{**SCRATCH, **options}, distributed="ddp",
                                                            out=out),
                     log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=echo)
     if not result.ok:
@@ -90,7 +92,7 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
     width, gpus = data_parallel_width(), gpu_count()
     rows = []
     for mode in tqdm(modes, desc="modes", unit="run"):
-        common = {"max_steps": steps, "progress": False, **options}
+        common = {"max_steps": steps, **SCRATCH, **options}
         if mode == "none":
             rows.append(_row("one device", train(**common, batch_size=batch, out=out / "none"), 1))
         elif mode == "dp":
@@ -131,7 +133,7 @@ def ddp_equals_large_batch(models: Sequence[str] = ("small_cnn_gn", "small_cnn")
     """
     nproc = nproc or data_parallel_width()
     out = Path(out or config.runs_dir() / "ddp-equivalence")
-    common = {"max_steps": steps, "augment": False, "workers": 0, "seed": 0, "progress": False, **options}
+    common = {"max_steps": steps, "augment": False, "workers": 0, "seed": 0, **SCRATCH, **options}
     rows = []
     for model in tqdm(models, desc="models", unit="model"):
         run_ddp(nproc, out / f"{model}-ddp", model=model, batch_size=batch, **common)
@@ -191,7 +193,7 @@ def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -
     for index, (name, case_batch, case_lr, warmup) in enumerate(tqdm(cases, desc="cases", unit="run")):
         row = {"case": name, "batch": case_batch, "lr": case_lr, "warmup_epochs": warmup, "run": out / f"case-{index}"}
         try:
-            summary = train(**{"progress": False, **options}, batch_size=case_batch, lr=case_lr,
+            summary = train(**{**SCRATCH, **options}, batch_size=case_batch, lr=case_lr,
                             warmup_epochs=warmup, out=row["run"])
         except NonFiniteLossError as error:  # a diverged run is a result of this experiment, not a failure
             rows.append({**row, "status": f"diverged: {error}".split(";")[0]})
@@ -207,7 +209,7 @@ def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals 
     ``stop_after_step`` or later exists (as Slurm does before a time limit), and report how it ended."""
     out = Path(out)
     folder = RunFolder(out).checkpoints
-    flags = to_flags(**{"progress": False, **options}, out=out)
+    flags = to_flags(**{**SCRATCH, **options}, out=out)
     started = time.time()
     process = subprocess.Popen([sys.executable, "-m", "course_utils.train", *flags], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)

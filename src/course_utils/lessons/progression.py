@@ -76,7 +76,7 @@ def unavailable(stage: Stage, device: torch.device, model: str) -> str | None:
 
 def run_progression(out_dir: Path, stages: tuple[Stage, ...] = STAGES, **train_options) -> pd.DataFrame:
     """Train every available stage (cumulatively) and return one row per stage."""
-    train_options = {"loader": PROGRESSION_LOADER, **train_options}
+    train_options = {"loader": PROGRESSION_LOADER, "overwrite": True, **train_options}  # the lesson's own folders
     device = devices.default_device()
     device_label = devices.device_name(device)
     accumulated: dict = {}

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from course_utils.atomic_files import write_text_atomic
 from course_utils.run_folder import RunFolder
 
 
@@ -28,6 +28,22 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list):
         return [json_safe(v) for v in value]
     return value
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``; a last line cut short (the process died, or the disk filled,
+    while writing it) is left out, any other unreadable line is an error that names it."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}, line {number}, is not a metrics record ({error}); the file was changed "
+                             "by hand or damaged") from error
+    return records
 
 
 class MetricsWriter:
@@ -51,11 +67,9 @@ class MetricsWriter:
                 for old in self.folder.tensorboard.glob("events.out.tfevents.*"):
                     old.unlink()
             elif path.exists():
-                records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                records = read_records(path)
                 self.kept = [r for r in records if r.get("step", 0) <= resume_step and not r.get("partial")]
-                partial = path.with_name(path.name + ".tmp")  # replaced in one move: no record is lost
-                partial.write_text("".join(json.dumps(r) + "\n" for r in self.kept))
-                os.replace(partial, path)
+                write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in self.kept))
             self._stream = open(path, "a" if resume_step is not None else "w")
             # purge_step: TensorBoard hides the events of the abandoned steps after the checkpoint.
             self._tensorboard = SummaryWriter(str(self.folder.tensorboard),
@@ -64,15 +78,19 @@ class MetricsWriter:
     def record(self, record: dict[str, Any], scalars: dict[str, float] | None = None, step: int = 0) -> None:
         if not self.enabled:
             return
-        self._stream.write(json.dumps(json_safe(record)) + "\n")
-        self._stream.flush()
+        try:
+            self._stream.write(json.dumps(json_safe(record)) + "\n")
+            self._stream.flush()
+        except OSError as error:  # say which file: a failed write does not
+            raise OSError(error.errno, error.strerror, str(self.folder.metrics)) from error
         for tag, value in (scalars or {}).items():
             if value is not None and math.isfinite(value):
                 self._tensorboard.add_scalar(tag, value, step)
 
     def summary(self, summary: dict[str, Any]) -> None:
         if self.enabled:
-            self.folder.summary.write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+            # Whole or absent: a summary is what marks a run as finished.
+            write_text_atomic(self.folder.summary, json.dumps(json_safe(summary), indent=2) + "\n")
 
     def __enter__(self) -> MetricsWriter:
         return self
@@ -103,7 +121,7 @@ def load_run(out_dir: Path) -> Run:
     path = folder.metrics
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: is {out_dir} the --out of a finished run?")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = read_records(path)
     steps = [r for r in records if r["kind"] == "step"]
     iterations = [
         {"step": r["step"] - len(r["iteration_seconds"]) + 1 + i, "epoch": r["epoch"],

@@ -1,27 +1,25 @@
-"""Checkpoints written so that nothing is lost: a temporary file, fsync, then an atomic rename
-(notebooks 07-08, and every run that checkpoints).
+"""Checkpoints written so that nothing is lost (notebooks 07-08, and every run that checkpoints).
 
-A run killed in the middle of a write leaves the previous checkpoint intact, never a truncated
-file under the final name. A run keeps its last K checkpoints as ``step-NNNNNNNN.pt`` and
-``last.pt``, a copy of the newest: independent files, so that damage to one (a disk error, a
-file overwritten in place) leaves the others to resume from. Loading uses ``weights_only=True``:
-a checkpoint is data, not code; a file that is not a whole checkpoint raises
-:class:`DamagedCheckpoint`, which names it.
+Each is written whole or not at all (:mod:`course_utils.atomic_files`): a run killed in the middle
+of a write, or a full disk, leaves the previous checkpoint intact. A run keeps its last K
+checkpoints as ``step-NNNNNNNN.pt`` and ``last.pt``, a copy of the newest: independent files, so
+that damage to one (a disk error, a file overwritten in place) leaves the others to resume from.
+Loading uses ``weights_only=True``: a checkpoint is data, not code; a file that is not a whole
+checkpoint raises :class:`DamagedCheckpoint`, which names it.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
+from course_utils.atomic_files import write_atomic
 from course_utils.run_folder import LAST_CHECKPOINT
 
 
@@ -29,36 +27,9 @@ class DamagedCheckpoint(RuntimeError):
     """A file that is not a whole checkpoint: truncated, overwritten, or holding more than data."""
 
 
-def _sync_directory(folder: Path) -> None:
-    """Make renames in ``folder`` durable."""
-    directory = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
-    """Write ``path`` through ``write`` so that ``path`` is always either the old or the new file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            write(stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-        _sync_directory(path.parent)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def save_atomic(state: dict[str, Any], path: Path) -> Path:
     """Write ``state`` to ``path`` so that ``path`` is always either the old or the new file."""
-    return _write_atomic(path, lambda stream: torch.save(state, stream))
+    return write_atomic(path, lambda stream: torch.save(state, stream))
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -84,15 +55,25 @@ def step_path(folder: Path, step: int) -> Path:
 def save_keeping(state: dict[str, Any], folder: Path, step: int, keep: int = 2) -> Path:
     """Write the checkpoint of ``step``, copy it to ``last.pt``, and delete all but the newest ``keep``
     step files. Each move is atomic: a kill at any moment leaves a loadable ``last.pt``."""
-    if keep < 1:
-        raise ValueError(f"--keep-checkpoints must be at least 1, not {keep}")
     folder = Path(folder)
     path = save_atomic(state, step_path(folder, step))
     with open(path, "rb") as source:
-        _write_atomic(folder / LAST_CHECKPOINT, lambda stream: shutil.copyfileobj(source, stream))
+        write_atomic(folder / LAST_CHECKPOINT, lambda stream: shutil.copyfileobj(source, stream))
     for old in sorted(folder.glob("step-*.pt"))[:-keep]:
         old.unlink()
     return path
+
+
+def check_writable(folder: Path) -> None:
+    """Fail before the first step, not at the first checkpoint, when ``folder`` cannot take checkpoints."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise OSError(error.errno, f"checkpoints cannot be written in {folder} ({error.strerror}); make it a "
+                      "writable folder or choose another --out") from error
 
 
 def candidates(folder: Path) -> list[Path]:

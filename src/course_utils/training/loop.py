@@ -79,7 +79,7 @@ class Loop:
                 exits.enter_context(FolderHold(self.folder))
             self.observers = exits.enter_context(Observers(self.setup, self.plan, self.position.step))
             self._prepare_folder()
-            self.signals = exits.enter_context(StopSignals())
+            self.signals = exits.enter_context(StopSignals(announce=main))
             self.writer = exits.enter_context(MetricsWriter(
                 self.folder.path, enabled=main, resume_step=self.position.step if resumed else None))
             self.epoch_records = [record for record in self.writer.kept if record.get("kind") == "epoch"]
@@ -200,23 +200,39 @@ class Loop:
         self.observers.logged(loss, rate)
 
     def _prepare_folder(self) -> None:
-        """Clear what an earlier process left (its stop marker, half-written files); a new run replaces
-        the checkpoints of an earlier one, as its metrics do, where ``--resume`` would continue it."""
+        """Clear what an earlier process left (its stop marker, half-written files, a summary that this run
+        will replace), after making sure that checkpoints can be written and that no unfinished run is
+        deleted without ``--overwrite``."""
         if not self.setup.where.is_main:
             return
-        preemption.clear(self.folder)
-        checkpoint.remove_partial(self.folder.checkpoints)
-        position = self.position
+        folder, position = self.folder, self.position
+        checkpoint.check_writable(folder.checkpoints)
+        if not self.state.resumed_from:
+            self._replace_earlier_run()
+        preemption.clear(folder)
+        checkpoint.remove_partial(folder.checkpoints)
+        folder.summary.unlink(missing_ok=True)  # a folder with checkpoints and no summary holds an unfinished run
         for reason in self.state.skipped:
             self.observers.say(f"skipped a checkpoint: {reason}")
         if self.state.resumed_from:
             self.observers.say(f"resuming from {self.state.resumed_from}: step {position.step}, epoch "
                                f"{position.epoch + 1}, {position.epoch_step} steps into it")
+        elif self.cfg.resume:
+            self.observers.say(f"no checkpoint in {folder.checkpoints} yet: starting from the beginning")
+
+    def _replace_earlier_run(self) -> None:
+        """A new run replaces a finished run's checkpoints, as its metrics; an unfinished run's only when told."""
+        folder = self.folder
+        earlier = checkpoint.candidates(folder.checkpoints)
+        if not earlier:
             return
-        if self.cfg.resume:
-            self.observers.say(f"no checkpoint in {self.folder.checkpoints} yet: starting from the beginning")
-        if checkpoint.remove_all(self.folder.checkpoints):
-            self.observers.say(f"a new run in {self.folder.path}: the earlier run's checkpoints were removed")
+        if not folder.summary.is_file() and not self.cfg.overwrite:
+            raise FileExistsError(
+                f"{folder.path} holds a run that did not finish (its newest checkpoint is {earlier[0].name}): "
+                "continue it with --resume auto, start this run elsewhere with another --out, or replace it "
+                "with --overwrite")
+        checkpoint.remove_all(folder.checkpoints)
+        self.observers.say(f"a new run in {folder.path}: the earlier run's checkpoints were removed")
 
     def _stop_requested(self, at_log_point: bool) -> bool:
         """Whether SIGTERM/SIGUSR1 arrived; under DDP the ranks agree at log points, so all stop at one step."""

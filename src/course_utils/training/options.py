@@ -31,11 +31,13 @@ SIZE_DEPENDENT = ("model", "epochs", "batch_size", "lr", "workers", "log_every",
 
 
 def option(default: Any, help: str, *, choices: typing.Iterable[Any] | None = None, metavar: str | None = None,
-           when_given_alone: Any = None) -> Any:
-    """A field of :class:`TrainOptions` with what its flag needs: help text, choices, metavar, and the
-    value of a flag given without one (``--monitor`` alone means ``--monitor auto``)."""
+           when_given_alone: Any = None, at_least: float | None = None, above: float | None = None) -> Any:
+    """A field of :class:`TrainOptions` with what its flag needs: help text, choices, metavar, the
+    value of a flag given without one (``--monitor`` alone means ``--monitor auto``), and the
+    smallest value that makes sense (``at_least``, or strictly ``above``), checked before any work."""
     return field(default=default, metadata={"help": help, "choices": tuple(choices) if choices else None,
-                                            "metavar": metavar, "const": when_given_alone})
+                                            "metavar": metavar, "const": when_given_alone,
+                                            "at_least": at_least, "above": above})
 
 
 @dataclass
@@ -45,20 +47,21 @@ class TrainOptions:
     size: str | None = option(None, "course size; fills every option left unset (default: $COURSE_SIZE, else "
                               "workshop on a GPU machine and ci elsewhere)", choices=config.SIZES)
     model: str | None = option(None, "network to train", choices=MODEL_NAMES)
-    epochs: int | None = option(None, "passes over the training set")
-    max_steps: int | None = option(None, "stop after this many iterations in all, even mid-epoch")
-    batch_size: int | None = option(None, "images per iteration and process")
-    lr: float | None = option(None, "peak learning rate of SGD, annealed by a cosine")
-    momentum: float = option(0.9, "SGD momentum")
-    weight_decay: float = option(5e-4, "L2 weight decay")
-    workers: int | None = option(None, "DataLoader worker processes")
+    epochs: int | None = option(None, "passes over the training set", at_least=1)
+    max_steps: int | None = option(None, "stop after this many iterations in all, even mid-epoch", at_least=1)
+    batch_size: int | None = option(None, "images per iteration and process", at_least=1)
+    lr: float | None = option(None, "peak learning rate of SGD, annealed by a cosine", above=0)
+    momentum: float = option(0.9, "SGD momentum", at_least=0)
+    weight_decay: float = option(5e-4, "L2 weight decay", at_least=0)
+    workers: int | None = option(None, "DataLoader worker processes", at_least=0)
     loader: str = option("torch", "torch: augment in DataLoader workers; dali: an NVIDIA DALI pipeline (GPU "
                          "operators on NVIDIA, CPU operators elsewhere); gpu-aug: uint8 batches augmented on the "
                          "device (the AMD path)", choices=LOADERS)
     pin_memory: bool | None = option(None, "page-locked host batches for faster copies to the GPU (default: on "
                                      "with a GPU)")
     persistent_workers: bool = option(False, "keep DataLoader workers alive between epochs")
-    prefetch_factor: int | None = option(None, "batches each worker loads ahead (default: PyTorch's, 2)")
+    prefetch_factor: int | None = option(None, "batches each worker loads ahead (default: PyTorch's, 2)",
+                                         at_least=1)
     seed: int = option(0, "random seed; a CPU run with the same seed repeats exactly")
     data: str = option("cifar100", "cifar100, synthetic random images (no I/O), or an imagefolder with train/ and "
                        "val/", choices=DATA_SOURCES)
@@ -67,13 +70,16 @@ class TrainOptions:
     augment: bool = option(True, "random crop and flip (--no-augment turns them off)")
     image_size: int | None = option(None, "32: native CIFAR with CIFAR-stem ResNets; 224: resized, torchvision's "
                                     "standard ResNets (the LUMI workshop's set-up)", choices=(32, 224))
-    train_samples: int | None = option(None, "use only the first N training images", metavar="N")
-    test_samples: int | None = option(None, "use only the first N test images", metavar="N")
+    train_samples: int | None = option(None, "use only the first N training images", metavar="N",
+                                        at_least=1)
+    test_samples: int | None = option(None, "use only the first N test images", metavar="N",
+                                       at_least=1)
     input_delay_ms: float = option(0.0, "sleep this long in the loader for every batch, in its workers: an "
-                                   "input-bound run on purpose (torch and gpu-aug loaders)")
+                                   "input-bound run on purpose (torch and gpu-aug loaders)", at_least=0)
     out: str | None = option(None, "run folder for metrics, TensorBoard and checkpoints (default: "
                              "runs/<model>-<time>)", metavar="DIR")
-    log_every: int | None = option(None, "write a metrics record every N iterations", metavar="N")
+    log_every: int | None = option(None, "write a metrics record every N iterations", metavar="N",
+                                    at_least=1)
     amp: str = option("off", "mixed precision: autocast to fp16 (with loss scaling) or bf16; off trains in fp32",
                       choices=AMP_DTYPES)
     channels_last: bool = option(False, "NHWC memory layout for model and images (faster convolutions on tensor "
@@ -86,27 +92,31 @@ class TrainOptions:
     monitor: str | None = option(None, "sample GPU (or CPU) utilization, memory and power during the run into "
                                  "OUT/monitor.csv; --monitor alone picks the backend itself",
                                  choices=BACKEND_NAMES, metavar="BACKEND", when_given_alone="auto")
-    monitor_interval: float = option(0.5, "seconds between monitor samples")
+    monitor_interval: float = option(0.5, "seconds between monitor samples", above=0)
     device: str = option("auto", "auto (first GPU, else CPU), cpu, cuda or cuda:N")
     progress: bool = option(True, "a progress bar (--no-progress for batch jobs)")
     distributed: str = option("none", "none: one device; dp: nn.DataParallel over the visible GPUs in this "
                               "process; ddp: DistributedDataParallel, one process per device (start it with "
                               "torchrun or srun; alone it makes a group of one)", choices=PARALLEL_MODES)
-    bucket_cap_mb: float = option(25.0, "DDP: size of the gradient buckets all-reduced together")
+    bucket_cap_mb: float = option(25.0, "DDP: size of the gradient buckets all-reduced together",
+                                 above=0)
     gradient_as_bucket_view: bool = option(False, "DDP: gradients live inside the communication buckets, saving "
                                            "a copy and memory")
     static_graph: bool = option(False, "DDP: the graph is the same every step, so DDP plans its communication once")
     sync_bn: bool = option(False, "DDP on GPUs: BatchNorm statistics over the global batch (SyncBatchNorm)")
     grad_accum: int = option(1, "accumulate gradients over N batches per optimizer step (DDP all-reduces only the "
-                             "last one, under no_sync for the others)", metavar="N")
+                             "last one, under no_sync for the others)", metavar="N", at_least=1)
     warmup_epochs: float = option(0.0, "raise the learning rate linearly from ~0 to --lr over this many epochs, "
-                                  "then anneal (large global batches need it)")
-    dist_timeout: float = option(600.0, "seconds a rank waits for the others before it fails instead of hanging")
+                                  "then anneal (large global batches need it)", at_least=0)
+    dist_timeout: float = option(600.0, "seconds a rank waits for the others before it fails instead of hanging",
+                                above=0)
     checkpoint_every: int | None = option(None, "also checkpoint every N steps within an epoch (every epoch's end "
-                                          "always is)", metavar="N")
+                                          "always is)", metavar="N", at_least=1)
     resume: str | None = option(None, "continue from a checkpoint: auto takes the newest in --out's checkpoints/ "
                                 "(starting fresh if there is none), PATH a given file", metavar="auto|PATH")
-    keep_checkpoints: int = option(2, "keep the newest K checkpoints", metavar="K")
+    keep_checkpoints: int = option(2, "keep the newest K checkpoints", metavar="K", at_least=1)
+    overwrite: bool = option(False, "start a new run in an --out whose run did not finish (preempted, stopped or "
+                             "crashed), deleting its checkpoints; without it such a run refuses to start there")
 
     @classmethod
     def from_keywords(cls, **options: Any) -> TrainOptions:
@@ -136,7 +146,23 @@ class TrainOptions:
         for name in ("out", "data_dir", "trace"):  # paths may come as Path objects from a notebook
             if values[name] is not None:
                 values[name] = str(values[name])
-        return TrainOptions(**values)
+        resolved = TrainOptions(**values)
+        resolved.check()
+        return resolved
+
+    def check(self) -> None:
+        """Refuse values that make no sense before any work is done, naming every one of them."""
+        wrong = []
+        for spec in fields(self):
+            value, low, above = getattr(self, spec.name), spec.metadata["at_least"], spec.metadata["above"]
+            if value is None or isinstance(value, bool):
+                continue
+            if low is not None and value < low:
+                wrong.append(f"{_flag(spec.name)} must be at least {low}, not {value}")
+            if above is not None and value <= above:
+                wrong.append(f"{_flag(spec.name)} must be above {above}, not {value}")
+        if wrong:
+            raise ValueError("; ".join(wrong))
 
 
 

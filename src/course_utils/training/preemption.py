@@ -1,23 +1,25 @@
-"""Stopping cleanly when the scheduler asks: SIGTERM or SIGUSR1 means "checkpoint and leave"
-(notebooks 07-08: the interrupted run, and Slurm jobs that requeue themselves).
+"""Stopping cleanly when the scheduler or a person asks: SIGTERM, SIGUSR1 or a first Ctrl-C means
+"checkpoint and leave" (notebooks 07-08: the interrupted run, and Slurm jobs that requeue themselves).
 
 Slurm sends SIGTERM before it kills a job (at its time limit, on ``scancel``, on preemption) and,
 with ``#SBATCH --signal=USR1@120``, SIGUSR1 a chosen time before the end. The training loop then
 finishes its step, writes a checkpoint, leaves ``PREEMPTED`` in the run folder and exits with
 :data:`EXIT_CODE`; the job scripts see either and requeue themselves, and the requeued job
-continues with ``--resume auto``.
+continues with ``--resume auto``. Ctrl-C in a terminal (SIGINT; in Jupyter, "interrupt the kernel")
+does the same, and a second Ctrl-C stops at once, without a checkpoint.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import FrameType
 
 from course_utils.run_folder import RunFolder
 
 EXIT_CODE = 99  # "checkpointed after a stop signal: resume me"
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class Preempted(Exception):
@@ -25,14 +27,21 @@ class Preempted(Exception):
 
 
 class StopSignals:
-    """Records SIGTERM/SIGUSR1 instead of dying, while the training loop runs (main thread only)."""
+    """Records SIGTERM, SIGUSR1 and a first SIGINT instead of dying, while the training loop runs (main
+    thread only); ``announce`` prints what a Ctrl-C will do (one rank is enough)."""
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool = True) -> None:
         self.received: str | None = None
+        self.announce = announce
         self._previous: dict[int, object] = {}
 
     def _handle(self, number: int, frame: FrameType | None) -> None:
+        if number == signal.SIGINT and self.received == "SIGINT":
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now
         self.received = signal.Signals(number).name
+        if number == signal.SIGINT and self.announce:
+            print("Ctrl-C: stopping after this step, with a checkpoint; press Ctrl-C again to stop at once "
+                  "without one", file=sys.stderr, flush=True)
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():

@@ -26,8 +26,11 @@ from course_utils.run_folder import LAST_CHECKPOINT, RunFolder
 from course_utils.training import checkpoint
 from course_utils.training.setup import Setup
 
-# Settings that must match for the sample order and the step count to continue where they stopped.
-SAME_TRAINING = ("model", "image_size", "batch_size", "grad_accum", "seed", "train_samples", "data", "loader")
+# Settings that must match for the sample order, the step count and the optimization to continue where they
+# stopped (the restored optimizer keeps its own learning rate, momentum and weight decay). Longer training
+# (--epochs, --max-steps) and how fast it runs (workers, layout, compile) may change.
+SAME_TRAINING = ("model", "image_size", "batch_size", "grad_accum", "seed", "train_samples", "data", "loader",
+                 "lr", "momentum", "weight_decay", "warmup_epochs", "amp", "augment")
 
 
 class NonFiniteLossError(RuntimeError):

@@ -93,8 +93,6 @@ class Setup:
 def prepare(options: TrainOptions) -> Setup:
     """Join the process group if DDP, seed, pick the device, and build data, model and optimizer."""
     cfg = options.resolved()
-    if cfg.grad_accum < 1:
-        raise ValueError(f"--grad-accum must be at least 1, not {cfg.grad_accum}")
     where = _join_process_group(cfg)
     try:
         return _build(cfg, where)

@@ -51,12 +51,15 @@ def rank_summary(setup: Setup, times: StepTimes, steps: int, skip: int) -> dict[
 def monitor_summary(monitor: Monitor) -> dict[str, Any]:
     """Means and peaks over the training phases (evaluation left out), per device."""
     frame = monitor.frame()
-    training = frame[frame["phase"].str.startswith("epoch")]
-    per_device = training.groupby("index").agg(
-        utilization_percent=("utilization_percent", "mean"), memory_peak_mib=("memory_used_mib", "max"),
-        power_watts=("power_watts", "mean"), power_limit_watts=("power_limit_watts", "max"))
+    devices_seen = []
+    if not frame.empty:
+        training = frame[frame["phase"].str.startswith("epoch")]
+        per_device = training.groupby("index").agg(
+            utilization_percent=("utilization_percent", "mean"), memory_peak_mib=("memory_used_mib", "max"),
+            power_watts=("power_watts", "mean"), power_limit_watts=("power_limit_watts", "max"))
+        devices_seen = per_device.reset_index().to_dict("records")
     return {"backend": monitor.backend_name, "samples": len(frame), "interval": monitor.interval,
-            "devices": per_device.reset_index().to_dict("records")}
+            "devices": devices_seen, "failure": monitor.failure}
 
 
 def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_records: list[dict[str, Any]],

@@ -143,7 +143,14 @@ class AmdSmiBackend(Backend):
 
 
 class CommandBackend(Backend):
-    """A vendor tool run once per sample; its output goes through the matching parser."""
+    """A vendor tool run once per sample; its output goes through the matching parser.
+
+    A tool that hangs (a driver in trouble), fails or prints what the parser cannot read raises
+    :class:`BackendUnavailable`: at the start, ``auto`` then takes the next backend; later, the
+    monitor stops sampling and the run goes on.
+    """
+
+    timeout_seconds = 5.0
 
     def __init__(self, name: str, command: list[str], parse: Callable[[str], list[Reading]]) -> None:
         if shutil.which(command[0]) is None:
@@ -152,10 +159,20 @@ class CommandBackend(Backend):
         self.read()  # fail now, with the tool's message, rather than in the sampling thread
 
     def read(self) -> list[Reading]:
-        result = subprocess.run(self.command, capture_output=True, text=True, timeout=10)
+        try:
+            result = subprocess.run(self.command, capture_output=True, text=True, timeout=self.timeout_seconds)
+        except subprocess.TimeoutExpired as error:
+            raise BackendUnavailable(f"{self.name} did not answer within {self.timeout_seconds:.0f} s") from error
         if result.returncode != 0:
             raise BackendUnavailable(f"{self.name} failed ({result.returncode}): {result.stderr.strip()[:300]}")
-        return self.parse(result.stdout)
+        try:
+            readings = self.parse(result.stdout)
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            raise BackendUnavailable(f"{self.name} printed output that is not its readings "
+                                     f"({type(error).__name__}: {error}): {result.stdout.strip()[:120]!r}") from error
+        if not readings:
+            raise BackendUnavailable(f"{self.name} printed no device readings: {result.stdout.strip()[:120]!r}")
+        return readings
 
 
 class CpuBackend(Backend):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Any
 
 import pandas as pd
@@ -36,6 +37,7 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._phase = "start"
         self._start = time.perf_counter()
+        self.failure: str | None = None  # why sampling stopped early, if it did
 
     @property
     def running(self) -> bool:
@@ -60,7 +62,13 @@ class Monitor:
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = time.perf_counter()
-            self.sample()
+            try:
+                self.sample()
+            except Exception as error:  # a monitor that fails must never cost the run it watches
+                self.failure = f"{self.backend.name} stopped after {started - self._start:.0f} s: {error}"
+                warnings.warn(f"monitor: {self.failure}; the run goes on without further samples",
+                              RuntimeWarning, stacklevel=1)
+                return
             self._stop.wait(max(0.0, self.interval - (time.perf_counter() - started)))
 
     def start(self) -> Monitor:

@@ -1,0 +1,75 @@
+"""Files that are always whole: written to a temporary file, synced, then renamed over the old one
+(notebooks 07-08 and every run: checkpoints, the run's summary, a resumed run's metrics).
+
+A process killed in the middle of a write, or a disk that fills up, leaves the previous file
+intact, never a truncated one under the final name.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+def _sync_directory(folder: Path) -> None:
+    """Make renames in ``folder`` durable."""
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class _WatchedStream:
+    """A file that remembers the first error of a ``write``: ``torch.save`` turns a full disk into a
+    RuntimeError about zip positions, and the OSError that says what happened would be lost."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream, self.error = stream, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.stream.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Write ``path`` through ``write`` so that ``path`` is always either the old or the new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            watched = _WatchedStream(stream)
+            try:
+                write(watched)
+            except Exception as error:
+                if watched.error is None or watched.error is error:
+                    raise
+                raise watched.error from error
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+        _sync_directory(path.parent)
+    except OSError as error:
+        Path(temporary).unlink(missing_ok=True)
+        if error.filename is None:  # a failed write() does not say which file it was writing
+            raise OSError(error.errno, error.strerror, str(path)) from error
+        raise
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """``path.write_text(text)``, whole or not at all."""
+    return write_atomic(path, lambda stream: stream.write(text.encode()))

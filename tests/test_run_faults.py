@@ -1,0 +1,175 @@
+"""Faults a run meets where learners work, each made real: an unfinished run in the folder, changed settings
+on resume, values that make no sense, a folder that cannot take checkpoints, a full disk, Ctrl-C, and a
+vendor tool that hangs or prints garbage. The run either refuses before its first step, in one line that
+names the fix, or goes on; nothing already written is lost."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from course_utils.observe.metrics import read_records
+from course_utils.run_folder import RunFolder
+from course_utils.train import main, train
+from course_utils.training import checkpoint, preemption
+from course_utils.training.options import to_flags
+from course_utils.training.preemption import StopSignals
+from course_utils.training.resume import NonFiniteLossError
+
+NVIDIA_SMI = (Path(__file__).parent / "fixtures" / "monitor" / "nvidia-smi_a100_nounits.csv").read_text()
+
+
+def test_a_new_run_does_not_delete_an_unfinished_run_unless_told(quick, capsys):
+    with pytest.raises(NonFiniteLossError):  # a run that crashed: checkpoints, no summary
+        train(**{**quick, "epochs": 3, "log_every": 1}, lr=1e6, checkpoint_every=1)
+    folder = RunFolder(quick["out"])
+    kept = {path.name: path.read_bytes() for path in checkpoint.candidates(folder.checkpoints)}
+    assert kept and not folder.summary.exists()
+    assert main(to_flags(**quick)) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"error: {folder.path} holds a run that did not finish")
+    assert "--resume auto" in error and "another --out" in error and "--overwrite" in error
+    assert {path.name: path.read_bytes() for path in checkpoint.candidates(folder.checkpoints)} == kept
+    summary = train(**quick, overwrite=True)
+    assert summary["steps"] > 0 and "the earlier run's checkpoints were removed" in capsys.readouterr().out
+    train(**quick)  # a finished run is replaced without being told
+
+
+def test_a_resumed_run_refuses_other_optimization_settings_by_name(quick):
+    train(**{**quick, "max_steps": 2})
+    for changed, text in (({"lr": 0.5}, "lr: 0.05 in the checkpoint, 0.5 now"),
+                          ({"weight_decay": 0.0}, "weight_decay: 0.0005 in the checkpoint, 0.0 now"),
+                          ({"augment": False}, "augment: True in the checkpoint, False now")):
+        with pytest.raises(ValueError, match=f"another training.*{text}"):
+            train(**quick, resume="auto", **changed)
+    assert train(**quick, resume="auto")["steps"] == 16  # more steps, same settings: continues
+
+
+def test_values_that_make_no_sense_are_refused_before_any_work(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--size", "ci", "--epochs", "-1", "--log-every", "0", "--keep-checkpoints", "0", "--test-samples",
+                 "0", "--monitor-interval", "0", "--out", str(out)]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error == ("error: --epochs must be at least 1, not -1; --test-samples must be at least 1, not 0; "
+                     "--log-every must be at least 1, not 0; --monitor-interval must be above 0, not 0.0; "
+                     "--keep-checkpoints must be at least 1, not 0")
+    assert not out.exists()
+
+
+def test_a_folder_that_cannot_take_checkpoints_is_found_before_the_first_step(quick, capsys):
+    folder = RunFolder(quick["out"])
+    folder.path.mkdir(parents=True)
+    folder.checkpoints.write_text("a file where the checkpoints folder belongs")
+    assert main(to_flags(**quick)) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"error: checkpoints cannot be written in {folder.checkpoints} (")
+    assert error.endswith("make it a writable folder or choose another --out")
+    assert not folder.metrics.exists()  # no step was trained
+
+
+def test_a_metrics_line_cut_short_by_a_full_disk_is_left_out_and_others_are_named(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "step", "step": 1}\n{"kind": "step", "st')
+    assert read_records(path) == [{"kind": "step", "step": 1}]
+    path.write_text('{"kind": "step", "st\n{"kind": "step", "step": 2}\n')
+    with pytest.raises(ValueError, match="line 1, is not a metrics record"):
+        read_records(path)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real file system of a chosen size (tmpfs); needs the right to mount, as CI has."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+
+    def mount(size_bytes: int) -> Path:
+        size_k = size_bytes // 1024 + 1
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_k}k", "tmpfs", str(mount_point)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+        return mount_point
+
+    yield mount
+    subprocess.run(["umount", str(mount_point)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_full_disk_says_so_and_keeps_the_last_good_checkpoint(quick, tmp_path, small_disk, capsys):
+    train(**{**quick, "max_steps": 1, "out": str(tmp_path / "probe")})
+    size = RunFolder(tmp_path / "probe").last_checkpoint.stat().st_size
+    # Room for the first checkpoint (step file and last.pt), the metrics and half of the next checkpoint.
+    disk = small_disk(int(2.5 * size) + 256 * 1024)
+    out = disk / "run"
+    assert main(to_flags(**{**quick, "max_steps": 8, "out": str(out)}, checkpoint_every=1)) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"error: disk full writing {out / 'checkpoints'}/step-") and "--resume auto" in error
+    last = checkpoint.load(RunFolder(out).last_checkpoint)
+    assert last["step"] >= 1 and not checkpoint.step_path(RunFolder(out).checkpoints, last["step"] + 1).exists()
+    assert not list(RunFolder(out).checkpoints.glob(".*.tmp"))  # the half-written file is gone
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    before = signal.getsignal(signal.SIGINT)
+    with StopSignals(announce=False) as signals:
+        os.kill(os.getpid(), signal.SIGINT)  # the first is recorded: the loop checkpoints and leaves
+        assert signals.received == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_like_a_stop_signal_with_loader_workers(quick, tiny_root, tmp_path):
+    """Ctrl-C in a terminal reaches the whole process group, the DataLoader workers too: they leave it to the
+    trainer, which finishes its step, checkpoints and exits 99."""
+    out = RunFolder(tmp_path / "run")
+    flags = to_flags(**{**quick, "workers": 1, "epochs": 5, "out": str(out.path)}, checkpoint_every=2,
+                     input_delay_ms=20)
+    process = subprocess.Popen([sys.executable, "-m", "course_utils.train", *flags], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not out.last_checkpoint.exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == preemption.EXIT_CODE, output
+    assert "Ctrl-C: stopping after this step" in output and "stopped by SIGINT" in output
+    assert checkpoint.load(out.last_checkpoint)["step"] < 5 * 8  # before the end: the run was stopped
+    assert train(**{**quick, "out": str(out.path), "epochs": 5, "workers": 1}, resume="auto")["steps"] == 5 * 8
+
+
+def _stand_in(folder: Path, script: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``nvidia-smi`` that runs ``script``, on PATH ahead of any real one."""
+    tool = folder / "nvidia-smi"
+    tool.write_text("#!/bin/sh\n" + script)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    assert shutil.which("nvidia-smi") == str(tool)
+
+
+def test_a_hanging_nvidia_smi_is_passed_over_by_monitor_auto(quick, tmp_path, monkeypatch):
+    _stand_in(tmp_path, "sleep 60\n", monkeypatch)
+    summary = train(**{**quick, "max_steps": 2}, monitor="auto")
+    assert summary["monitor"]["backend"] == "cpu" and summary["monitor"]["failure"] is None
+
+
+def test_an_nvidia_smi_that_starts_printing_garbage_stops_the_monitor_not_the_run(quick, tmp_path, monkeypatch):
+    counter = tmp_path / "calls"
+    script = (f'echo x >> "{counter}"\n'
+              f'if [ "$(wc -l < "{counter}")" -le 2 ]; then cat <<"EOF"\n{NVIDIA_SMI}EOF\n'
+              'else printf "garbage\\n#!@\\n"; fi\n')
+    _stand_in(tmp_path, script, monkeypatch)
+    with pytest.warns(RuntimeWarning, match="monitor: nvidia-smi stopped after"):
+        summary = train(**{**quick, "max_steps": 6, "input_delay_ms": 100}, monitor="nvidia-smi",
+                        monitor_interval=0.05)
+    monitor = summary["monitor"]
+    assert "printed output that is not its readings" in monitor["failure"] and monitor["samples"] >= 1
+    assert json.loads(RunFolder(quick["out"]).summary.read_text())["steps"] == 6
