@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from course_utils import config
-from course_utils.devices import default_device, device_name
+from course_utils.devices import device_name
 from course_utils.lessons import data_parallel, reference
 from course_utils.parallel.launch import launch
 
@@ -24,15 +24,15 @@ def main() -> None:
     parser.add_argument("--max-bytes", default=str(config.get_size().allreduce_max_bytes))
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
-    ranks = data_parallel.data_parallel_width()
+    shape = data_parallel.parallel_shape()
     with tempfile.TemporaryDirectory() as out:
         path = Path(out) / "allreduce.json"
-        result = launch(ranks, "course_utils.parallel.allreduce", "--max-bytes", args.max_bytes, "--iterations",
-                        str(args.iterations), "--out", str(path))
+        result = launch(shape.ranks, "course_utils.parallel.allreduce", "--max-bytes", args.max_bytes, "--iterations",
+                        str(args.iterations), "--out", str(path), "--device", shape.device)
         if not result.ok:
             raise SystemExit(f"the all-reduce sweep failed (exit {result.returncode})")
         rows = json.loads(path.read_text())
-    print(f"recorded in {reference.record('allreduce', rows, device_name(default_device()))}")
+    print(f"recorded in {reference.record('allreduce', rows, device_name(shape.rank_device))}")
 
 
 if __name__ == "__main__":

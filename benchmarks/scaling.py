@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from course_utils import config
-from course_utils.devices import default_device, device_name
+from course_utils.devices import device_name
 from course_utils.lessons import data_parallel, reference, scaling
 
 
@@ -27,8 +27,9 @@ def main() -> None:
     parser.add_argument("--model", default=size.model)
     parser.add_argument("--steps", type=int, default=3 * size.parallel_steps)
     args = parser.parse_args()
-    counts = [count for count in size.scaling_ranks if count <= data_parallel.data_parallel_width()]
-    options = {"model": args.model, "max_steps": args.steps}
+    shape = data_parallel.parallel_shape()
+    counts = [count for count in size.scaling_ranks if count <= shape.ranks]
+    options = {"model": args.model, "max_steps": args.steps, "device": shape.device}
     with tempfile.TemporaryDirectory() as out:
         weak = scaling.study(counts, "weak", out=Path(out) / "weak", **options)
         strong = scaling.study(counts, "strong", batch_size=size.batch_size, out=Path(out) / "strong",
@@ -36,7 +37,7 @@ def main() -> None:
     table = pd.concat({"weak": weak, "strong": strong}, names=["study"]).reset_index(level=0)
     print(table.round(3).to_string(index=False))
     rows = [{"size": size.name, "model": args.model, "steps": args.steps, **row} for row in table.to_dict("records")]
-    print(f"recorded in {reference.record('scaling', rows, device_name(default_device()))}")
+    print(f"recorded in {reference.record('scaling', rows, device_name(shape.rank_device))}")
 
 
 if __name__ == "__main__":

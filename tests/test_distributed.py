@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from course_utils.lessons import data_parallel
 from course_utils.parallel.process_group import Placement, first_host, placement
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -61,3 +62,16 @@ def test_a_rank_whose_peers_never_come_fails_instead_of_hanging(free_port):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and time.monotonic() - start < 60
     assert "timed out" in result.stderr, result.stderr[-2000:]  # its own timeout ended it, not another error
+
+
+@pytest.mark.parametrize(("gpus", "ranks", "device", "says"), [
+    (0, 2, "cpu", "no GPU here: the 2 ranks are CPU processes talking through gloo"),
+    (1, 2, "cpu", "one GPU here: the 2 ranks are CPU processes"),  # two ranks on one GPU: NCCL refuses
+    (2, 2, "auto", "2 ranks, one per GPU"),
+    (8, 8, "auto", "8 ranks, one per GPU"),
+])
+def test_the_ddp_lessons_fit_every_machine_shape(gpus, ranks, device, says):
+    shape = data_parallel.parallel_shape(gpus)
+    assert (shape.ranks, shape.device) == (ranks, device) and says in shape.describe()
+    if gpus < 2:
+        assert "ask for 2 or more GPUs" in shape.describe()

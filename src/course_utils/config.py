@@ -52,9 +52,15 @@ class Size:
         return asdict(self)
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on: a Slurm step or a LUMI GCD slot (7 cores) gives fewer than the
+    node has, and ``os.cpu_count()`` would count them all."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _workshop_workers() -> int:
-    # LUMI gives 7 CPU cores to each GCD; elsewhere leave one core to the training process.
-    return max(1, min(7, (os.cpu_count() or 2) - 1))
+    # The cores this process may use (a LUMI GCD slot has 7), less one for the training process.
+    return max(1, min(7, usable_cores() - 1))
 
 
 SIZES: dict[str, Size] = {

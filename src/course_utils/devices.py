@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+
+from course_utils import config
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ def _collective_library(is_rocm: bool) -> str:
 
 def detect() -> Accelerator:
     """Look at the GPUs this process can see (honours CUDA/HIP/ROCR_VISIBLE_DEVICES)."""
-    cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpu_count = config.usable_cores()
     if not torch.cuda.is_available():
         return Accelerator(kind="cpu", cpu_count=cpu_count)
     is_rocm = torch.version.hip is not None
@@ -87,6 +92,44 @@ def detect() -> Accelerator:
         backend="nccl",
         cpu_count=cpu_count,
     )
+
+
+# The kernel drivers' device files: on a node with AMD GPUs (ROCm's /dev/kfd) or NVIDIA GPUs, whatever
+# PyTorch build is installed.
+DRIVER_FILES = {"AMD": Path("/dev/kfd"), "NVIDIA": Path("/dev/nvidiactl")}
+VISIBLE_VARIABLES = {"AMD": ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"), "NVIDIA": ("CUDA_VISIBLE_DEVICES",)}
+
+
+def gpu_vendors_on_node() -> tuple[str, ...]:
+    """The GPU makers whose driver this node exposes ("AMD", "NVIDIA"), whether PyTorch can use them or not."""
+    return tuple(vendor for vendor, path in DRIVER_FILES.items() if path.exists())
+
+
+def gpu_mismatch(vendors: tuple[str, ...], hip: str | None, cuda: str | None, available: bool,
+                 env: Mapping[str, str] = os.environ) -> str | None:
+    """Why this node's GPUs are of no use to this PyTorch, and the fix; None when there is nothing to say
+    (no GPU here, or PyTorch uses them). ``hip``/``cuda`` are ``torch.version.hip``/``.cuda``."""
+    if available or not vendors:
+        return None
+    vendor = vendors[0]
+    build = "ROCm" if hip else "CUDA" if cuda else "CPU-only"
+    found = f"this node has {vendor} GPUs ({DRIVER_FILES[vendor]}), but this PyTorch ({torch.__version__}) is a"
+    if vendor == "AMD" and not hip:
+        return (f"{found} {build} build that cannot use them. Use PyTorch's ROCm build: on LUMI the course "
+                "container (README, 'On LUMI'), elsewhere the ROCm wheels (README, 'Other machines').")
+    if vendor == "NVIDIA" and not cuda:
+        return (f"{found} {build} build that cannot use them. Install the CUDA build: make install (README, "
+                "'Other machines').")
+    visible = ", ".join(f"{name}={env[name]!r}" for name in VISIBLE_VARIABLES[vendor] if name in env) or "none set"
+    tool = "rocm-smi" if vendor == "AMD" else "nvidia-smi"
+    return (f"{found} {build} build, and torch.cuda.is_available() is False: no GPU is given to this job "
+            f"(visible-device variables: {visible}; on Slurm ask for --gpus-per-node), or the driver is older than "
+            f"the build needs. Check with {tool}.")
+
+
+def gpu_mismatch_here() -> str | None:
+    """:func:`gpu_mismatch` for this process."""
+    return gpu_mismatch(gpu_vendors_on_node(), torch.version.hip, torch.version.cuda, torch.cuda.is_available())
 
 
 def default_device() -> torch.device:
@@ -124,8 +167,10 @@ def report(accelerator: Accelerator | None = None) -> str:
         f"torch         {acc.torch_version}",
     ]
     if not acc.has_gpu:
+        mismatch = gpu_mismatch_here()
         lines += [
-            "accelerator   none: training runs on the CPU",
+            "accelerator   none: training runs on the CPU" if mismatch is None else
+            f"accelerator   none usable. WARNING: {mismatch}",
             f"backend       {acc.backend} (torch.distributed on CPU)",
         ]
         return "\n".join(lines)
@@ -140,3 +185,8 @@ def report(accelerator: Accelerator | None = None) -> str:
     if acc.kind == "rocm":
         lines.append("note          each MI250X module shows up as two GCDs, i.e. two devices here")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(report())  # python -m course_utils.devices: the report notebook 00 prints, for a terminal or a job log
+    sys.exit(1 if gpu_mismatch_here() else 0)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from course_utils import config
+from course_utils import config, devices
 from course_utils.data.loaders import shard_sampler
 from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
@@ -47,9 +48,43 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def data_parallel_width() -> int:
-    """How many devices data parallelism spreads over here: every GPU, or two CPU processes."""
-    return gpu_count() if gpu_count() >= 2 else CPU_RANKS
+@dataclass(frozen=True)
+class ParallelShape:
+    """How the DDP lessons run on this machine, and what they cannot show here.
+
+    NCCL and RCCL take one GPU per rank (two ranks on one GPU fail with "Duplicate GPU detected"),
+    so with fewer than two GPUs the ranks are CPU processes that talk through gloo: they show what
+    DDP does (the same parameters as one large batch, the sampler's shares, the knobs), not how fast
+    GPUs do it.
+    """
+
+    gpus: int
+    ranks: int
+    device: str  # the training command's --device for every run of a lesson: "auto" (one GPU per rank) or "cpu"
+
+    @property
+    def on_gpus(self) -> bool:
+        return self.device != "cpu"
+
+    @property
+    def rank_device(self) -> torch.device:
+        """The device rank 0 trains on (what tables and records name)."""
+        return devices.default_device() if self.on_gpus else torch.device("cpu")
+
+    def describe(self) -> str:
+        """One sentence for the notebooks: where the ranks run, and what to ask for to see more."""
+        if self.on_gpus:
+            return f"{self.ranks} ranks, one per GPU, talking through NCCL/RCCL"
+        here = "one GPU here" if self.gpus == 1 else "no GPU here"
+        return (f"{here}: the {self.ranks} ranks are CPU processes talking through gloo. They show what DDP does, "
+                "not GPU speed or GPU communication; for those, ask for 2 or more GPUs (on LUMI, the Jupyter app or "
+                "an sbatch with --gpus-per-node=2 or more, up to 8 GCDs per node)")
+
+
+def parallel_shape(gpus: int | None = None) -> ParallelShape:
+    """The :class:`ParallelShape` of this machine (or of one with ``gpus`` GPUs)."""
+    gpus = gpu_count() if gpus is None else gpus
+    return ParallelShape(gpus, gpus, "auto") if gpus >= 2 else ParallelShape(gpus, CPU_RANKS, "cpu")
 
 
 def run_ddp(nproc: int, out: Path, echo: bool = False, **options: Any) -> dict[str, Any]:
@@ -83,13 +118,15 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
 
     DataParallel gets the per-device batch times its GPU count (it splits one batch), DDP runs one
     process per device with the per-device batch; so every mode puts the same work on each device.
-    ``ddp_summary``: a DDP run made already with the same settings, used instead of a new one.
+    ``ddp_summary``: a DDP run made already with the same settings, used instead of a new one when it has
+    the ranks this comparison needs (on one GPU a run of two CPU ranks does not: it runs one rank on the GPU).
     """
     size = config.get_size(options.get("size"))
     batch = options.pop("batch_size", None) or size.batch_size
     steps = steps or size.parallel_steps
     out = Path(out or config.runs_dir() / "parallel-modes")
-    width, gpus = data_parallel_width(), gpu_count()
+    gpus = gpu_count()
+    ddp_ranks = gpus or CPU_RANKS  # one rank per device, as in the other modes; on one GPU, DDP's own cost
     rows = []
     for mode in tqdm(modes, desc="modes", unit="run"):
         common = {"max_steps": steps, **SCRATCH, **options}
@@ -101,7 +138,8 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
                              train(**common, batch_size=batch * dp_devices, distributed="dp", out=out / "dp"),
                              dp_devices))
         elif mode == "ddp":
-            summary = ddp_summary or run_ddp(width, out / "ddp", batch_size=batch, **common)
+            reusable = ddp_summary is not None and ddp_summary["world_size"] == ddp_ranks
+            summary = ddp_summary if reusable else run_ddp(ddp_ranks, out / "ddp", batch_size=batch, **common)
             rows.append(_row(f"DDP, {summary['world_size']} ranks", summary, summary["world_size"]))
         else:
             raise ValueError(f"unknown mode {mode!r}; choose from none, dp, ddp")
@@ -131,9 +169,12 @@ def ddp_equals_large_batch(models: Sequence[str] = ("small_cnn_gn", "small_cnn")
     Augmentation is off so that both see the same pixels; the shared sampler order (see
     :func:`course_utils.data.shard_sampler`) makes the images of each step the same set.
     """
-    nproc = nproc or data_parallel_width()
+    shape = parallel_shape()
+    nproc = nproc or shape.ranks
     out = Path(out or config.runs_dir() / "ddp-equivalence")
-    common = {"max_steps": steps, "augment": False, "workers": 0, "seed": 0, **SCRATCH, **options}
+    # Every run on the same kind of device: the comparison is of arithmetic, not of hardware.
+    common = {"max_steps": steps, "augment": False, "workers": 0, "seed": 0, "device": shape.device, **SCRATCH,
+              **options}
     rows = []
     for model in tqdm(models, desc="models", unit="model"):
         run_ddp(nproc, out / f"{model}-ddp", model=model, batch_size=batch, **common)
@@ -157,7 +198,9 @@ DDP_KNOBS: dict[str, dict[str, Any]] = {
 def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None = None, steps: int | None = None,
               out: str | Path | None = None, **options: Any) -> pd.DataFrame:
     """Images per second of DDP with each setting of its knobs, everything else equal."""
-    nproc = nproc or data_parallel_width()
+    shape = parallel_shape()
+    nproc = nproc or shape.ranks
+    options.setdefault("device", shape.device)
     steps = steps or config.get_size(options.get("size")).parallel_steps
     out = Path(out or config.runs_dir() / "ddp-knobs")
     rows = []

@@ -12,7 +12,8 @@ def dataparallel_answer(modes: pd.DataFrame, gpus: int) -> str:
         return (f"- This machine has **{gpus} GPU(s)**, so DataParallel had nothing to split: the run measures its "
                 f"wrapper alone, **{dp['images_per_second']:.0f}** images/s against **{one['images_per_second']:.0f}** "
                 f"without it ({dp['speedup']:.2f}x; short runs vary by several percent). On 2 or more GPUs the "
-                "notebook measures the real thing; the recorded table below shows it.")
+                "notebook measures the real thing (on LUMI: a Jupyter session or job with 2 or more GCDs); the "
+                "recorded table below shows it.")
     memory = dp["peak_memory_per_device_mib"]
     others = sum(memory[1:]) / len(memory[1:])
     return "\n".join([

@@ -95,18 +95,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--factor", type=int, default=4, help="each message this many times the last (default 4)")
     parser.add_argument("--iterations", type=int, default=20, help="timed all-reduces per size (default 20)")
     parser.add_argument("--out", help="write the table to this JSON file (rank 0)")
+    parser.add_argument("--device", choices=("auto", "cpu"), default="auto",
+                        help="auto: each rank's GPU with NCCL/RCCL where there are GPUs; cpu: CPU tensors with gloo "
+                             "(also on a GPU machine, e.g. with fewer GPUs than ranks)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    where = process_group.join(timeout_seconds=300)
+    where = process_group.join(timeout_seconds=300, backend="gloo" if args.device == "cpu" else None)
     if not where.distributed:
         print("error: an all-reduce needs several processes; start this under torchrun or srun, e.g. "
               "torchrun --standalone --nproc-per-node 2 -m course_utils.parallel.allreduce", file=sys.stderr)
         return 2
     try:
-        device = devices.default_device()
+        device = torch.device("cpu") if args.device == "cpu" else devices.default_device()
         table = sweep(message_sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.factor), device,
                       args.iterations)
         if where.is_main:

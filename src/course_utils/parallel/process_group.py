@@ -88,9 +88,9 @@ def join(timeout_seconds: float = 600, backend: str | None = None, alone: bool =
     where = placement()
     if not where.distributed and not alone:
         return where
-    if torch.cuda.is_available():
-        torch.cuda.set_device(where.local_rank % torch.cuda.device_count())
     backend = backend or devices.distributed_backend()
+    if backend == "nccl":  # NCCL/RCCL: one GPU per rank; two ranks on one GPU are refused ("Duplicate GPU")
+        torch.cuda.set_device(where.local_rank % torch.cuda.device_count())
     timeout = timedelta(seconds=timeout_seconds)
     if where.source == "torchrun":
         # The store of torchrun's agent outlives a restart (--max-restarts): without a prefix of its

@@ -25,6 +25,9 @@ from course_utils.training.options import AMP_DTYPES, TrainOptions
 
 def _pick_device(name: str) -> torch.device:
     if name == "auto":
+        mismatch = devices.gpu_mismatch_here()
+        if mismatch:  # never fall back to the CPU in silence on a GPU node
+            raise RuntimeError(f"{mismatch} To train on the CPU on purpose, pass --device cpu.")
         return devices.default_device()  # under DDP, the GPU of this rank: joining the group made it current
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -34,8 +37,8 @@ def _pick_device(name: str) -> torch.device:
 
 def _join_process_group(cfg: TrainOptions) -> process_group.Placement:
     """Join the process group for DDP; refuse a launch under torchrun/srun that would train N copies alone."""
-    if cfg.distributed == "ddp":
-        return process_group.join(cfg.dist_timeout, alone=True)
+    if cfg.distributed == "ddp":  # ranks on the CPU talk through gloo, also on a GPU machine
+        return process_group.join(cfg.dist_timeout, backend="gloo" if cfg.device == "cpu" else None, alone=True)
     where = process_group.placement()
     if where.distributed:
         raise ValueError(f"this process is rank {where.rank} of {where.world_size} ({where.source}), but "

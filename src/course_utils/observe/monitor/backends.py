@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import psutil
 
+from course_utils import config
 from course_utils.observe.monitor.readings import (
     Reading,
     nvidia_smi_command,
@@ -176,7 +177,7 @@ class CommandBackend(Backend):
 
 
 class CpuBackend(Backend):
-    """This process's CPU use (in % of all cores), its resident memory, and the machine's memory.
+    """This process's CPU use (in % of the cores it may use), its resident memory, and the machine's memory.
 
     CPU use is measured between consecutive reads; the first read, with no interval behind it,
     reports none.
@@ -186,7 +187,7 @@ class CpuBackend(Backend):
 
     def __init__(self) -> None:
         self.process = psutil.Process(os.getpid())
-        self.cores = psutil.cpu_count() or 1
+        self.cores = config.usable_cores()  # the cores this process may use, not all the node's
         self._last = (time.perf_counter(), self._cpu_seconds())
 
     def _cpu_seconds(self) -> float:
