@@ -1,11 +1,14 @@
 import json
+import os
 import shutil
 import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from course_utils.lessons import answers
 from course_utils.observe.monitor import (
     BackendUnavailable,
     Monitor,
@@ -13,6 +16,7 @@ from course_utils.observe.monitor import (
     parse_nvidia_smi,
     parse_rocm_smi,
     summarize,
+    this_process_rows,
 )
 from course_utils.observe.monitor.__main__ import main
 from course_utils.observe.monitor.views import live, timeline
@@ -125,3 +129,48 @@ def test_command_line_once_as_json(capsys):
 def test_command_line_refuses_an_absent_backend(capsys):
     assert main(["--backend", "nvidia-smi", "--once"]) == 1
     assert "nvidia-smi" in capsys.readouterr().err
+
+
+def test_bus_ids_of_every_tool_are_spelled_one_way():
+    from course_utils.observe.monitor.readings import pci_address
+
+    assert pci_address("00000000:C9:00.0") == pci_address("0000:C9:00.0") == pci_address("0000:c9:00.0") == "0000:c9:00"
+    assert pci_address("[N/A]") == pci_address(None) == ""
+
+
+def test_nvidia_smi_bus_ids_are_read():
+    readings = parse_nvidia_smi(_fixture("nvidia-smi_h100_bus_ids.csv"))
+    assert [r.pci_address for r in readings] == ["0000:18:00", "0000:2a:00", "0000:3a:00"]
+
+
+@pytest.mark.parametrize(("tool", "fixture", "mine", "busy_index"), [
+    ("rocm-smi", "rocm-smi_5_mi250x_shared_node.json", "0000:c9:00", 2),
+    ("nvidia-smi", "nvidia-smi_h100_bus_ids.csv", "0000:2a:00", 1),
+])
+def test_on_a_shared_node_the_monitor_reads_this_process_gpu_not_the_lowest_index(tool, fixture, mine, busy_index,
+                                                                                   tmp_path, monkeypatch):
+    """The tool lists every GPU of the node; this process trains on one of them (its PCI address, as the
+    runtime reports it), which need not be index 0: a neighbour's idle GCD must not stand in for it."""
+    stand_in = tmp_path / tool
+    stand_in.write_text(f"#!/bin/sh\ncat '{FIXTURES / fixture}'\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monitor = Monitor(tool)
+    monitor.pci_address = mine  # what torch.cuda.get_device_properties says on that node
+    monitor.sample()
+    rows = this_process_rows(monitor.frame())
+    assert rows["index"].tolist() == [busy_index] and rows["utilization_percent"].iloc[0] >= 97
+    monitor.pci_address = ""  # a CPU run, or a tool that prints no address: the lowest index, as before
+    second = pd.DataFrame(monitor.sample())
+    assert this_process_rows(second)["index"].tolist() == [0]
+
+
+def test_the_power_answer_on_a_secondary_gcd_says_where_its_power_went():
+    """On an MI250X the second GCD of a module reads no power: the answer names that, not a missing GPU."""
+    reading = next(r for r in parse_rocm_smi(_fixture("rocm-smi_5_mi250x.json")) if r.index == 1)
+    rows = pd.DataFrame([{"status": "ok", "model": "resnet18", "batch_size": 256, "utilization_percent": 91.0,
+                          "power_watts": reading.power_watts, "power_limit_watts": reading.power_limit_watts,
+                          "power_note": reading.power_note}])
+    text = answers.utilization_vs_power(rows)
+    assert "second GCD of its MI250X module" in text and "about 300 W" in text and "560 W" in text
+    assert "machine without a GPU" in answers.utilization_vs_power(rows.assign(power_note=""))

@@ -1,8 +1,10 @@
 import json
 
+import pandas as pd
 import pytest
 import torch
 
+from course_utils.lessons import answers
 from course_utils.observe.profiling import PHASES, Ranges, TraceSchedule, read_tables
 from course_utils.train import train
 
@@ -28,7 +30,8 @@ def test_tensorboard_plugin_copy_and_tables(traced):
     assert len(list((traced / "tensorboard").glob("*.pt.trace.json"))) == 1
     operators, phases = read_tables(traced)
     assert list(phases["phase"]) == list(PHASES)
-    assert phases["share_percent"].sum() == pytest.approx(100)
+    assert phases["host_share_percent"].sum() == pytest.approx(100)
+    assert phases["device_share_percent"].isna().all()  # a CPU run has one clock
     assert operators["operator"].str.startswith("aten::").any()
 
 
@@ -56,3 +59,20 @@ def test_ranges_are_recorded_only_when_enabled():
     assert "forward" in _recorded_names(Ranges(enabled=True))
     names = _recorded_names(Ranges(enabled=False))
     assert "forward" not in names and "aten::add" in names
+
+
+def _gpu_phases(host: list[float], device: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"phase": list(PHASES), "host_share_percent": host, "device_share_percent": device})
+
+
+def test_an_input_bound_gpu_run_is_caught_on_the_host_clock():
+    """Waiting for a batch launches no kernel: the device clock shows compute, the host clock the wait."""
+    text = answers.phase_answer(_gpu_phases([70, 10, 15, 5], [0.5, 33, 62, 4.5]), "cuda")
+    assert "largest phase on the host clock is `data`" in text and "Device clock" in text
+
+
+def test_a_compute_bound_gpu_run_reads_the_device_clock():
+    text = answers.phase_answer(_gpu_phases([5, 20, 60, 15], [0.5, 33, 62, 4.5]), "cuda")
+    assert "largest phase on the device clock is `backward`" in text
+    cpu = answers.phase_answer(_gpu_phases([5, 20, 60, 15], [float("nan")] * 4), "cpu")
+    assert "Device clock" not in cpu and "largest phase on the host clock is `backward`" in cpu

@@ -138,6 +138,16 @@ def default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def pci_address(device: torch.device) -> str:
+    """``domain:bus:device`` of a GPU as the monitors' tools spell it (``0000:c1:00``), so that a monitor
+    on a shared node reads this process's GPU and not a neighbour's; empty on the CPU."""
+    if device.type != "cuda":
+        return ""
+    properties = torch.cuda.get_device_properties(device)
+    parts = [getattr(properties, f"pci_{name}_id", None) for name in ("domain", "bus", "device")]
+    return "" if None in parts else "{:04x}:{:02x}:{:02x}".format(*parts)
+
+
 def device_name(device: torch.device) -> str:
     """What summaries, tables and plots call ``device``: the GPU's model name, or ``CPU``."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"

@@ -99,8 +99,17 @@ def utilization_vs_power(sweep: pd.DataFrame) -> str:
     """Markdown: is high utilization full use? Compares utilization with drawn power."""
     fits = _fits(sweep).dropna(subset=["utilization_percent"])
     if fits["power_watts"].isna().all():
-        return ("- This backend reports no power (here: the CPU fallback), so this machine cannot answer the "
-                "question. On a GPU, compare the rows below, or the reference numbers recorded on GPUs.")
+        notes = [note for note in fits.get("power_note", pd.Series(dtype=str)).dropna() if note]
+        if notes and notes[0].startswith("secondary GCD"):
+            return ("- This process runs on the **second GCD of its MI250X module**, which has no power sensor of "
+                    "its own (`rocm-smi` prints `N/A (Secondary die)`): the module's power, both GCDs together, is "
+                    "reported on its partner GCD. On LUMI one busy GCD brings the module to about 300 W and two "
+                    "to about 500 W, against the module's 560 W limit. To read it here, ask for the module's first "
+                    "GCD, or watch `rocm-smi --showpower` beside the run; the reference numbers below were recorded "
+                    "on GPUs.")
+        return ("- This device reports no power (on a machine without a GPU the monitor reads the CPU, which has "
+                "none), so this machine cannot answer the question. On a GPU, compare the rows below, or the "
+                "reference numbers recorded on GPUs.")
     busy = fits[fits["utilization_percent"] >= 0.8 * fits["utilization_percent"].max()].sort_values("power_watts")
     low, high = busy.iloc[0], busy.iloc[-1]
     limit = high["power_limit_watts"]
@@ -113,17 +122,32 @@ def utilization_vs_power(sweep: pd.DataFrame) -> str:
 
 
 def phase_answer(phases: pd.DataFrame, device_type: str) -> str:
-    """Markdown: where the profiled iterations spent their time, largest phase first."""
-    ordered = phases.sort_values("share_percent", ascending=False)
-    parts = ", ".join(f"**{row.phase}** {row.share_percent:.0f} %" for row in ordered.itertuples())
-    basis = "device (kernel) time" if device_type == "cuda" else "host time"
-    top = ordered.iloc[0]["phase"]
-    advice = {"data": "the input pipeline is the bottleneck: see notebook 04.",
+    """Markdown: where the profiled iterations spent their time on the host clock and, with a GPU, on the
+    device clock; the verdict reads the host clock for waiting on data, which the device clock cannot see."""
+
+    def shares(column: str) -> str:
+        ordered = phases.sort_values(column, ascending=False)
+        return ", ".join(f"**{row.phase}** {getattr(row, column):.0f} %" for row in ordered.itertuples())
+
+    def largest(column: str) -> str:
+        return phases.sort_values(column, ascending=False).iloc[0]["phase"]
+
+    lines = [f"- Host clock (the training process's wall time in each range): {shares('host_share_percent')}."]
+    on_device = device_type == "cuda" and phases["device_share_percent"].notna().any()
+    if on_device:
+        lines.append(f"- Device clock (kernel time in each range): {shares('device_share_percent')}. Waiting for "
+                     "a batch launches no kernel, so this clock cannot show an input-bound run; the host clock can.")
+    advice = {"data": "the input pipeline is the bottleneck: the training process waits for batches (notebook 04).",
               "forward": "compute dominates, as it should; notebook 05 makes it cheaper.",
               "backward": "compute dominates, as it should (backward costs about twice forward); notebook 05 makes it "
                           "cheaper.",
               "optimizer_step": "the optimizer is unusually expensive: a fused optimizer (notebook 05) helps."}
-    return f"- Measured as {basis}: {parts}.\n- The largest phase is `{top}`: {advice.get(top, '')}"
+    if largest("host_share_percent") == "data" or not on_device:
+        clock, top = "host", largest("host_share_percent")
+    else:
+        clock, top = "device", largest("device_share_percent")
+    lines.append(f"- The largest phase on the {clock} clock is `{top}`: {advice.get(top, '')}")
+    return "\n".join(lines)
 
 
 def holistic_trace_analysis(trace_dir, device_type: str) -> str:

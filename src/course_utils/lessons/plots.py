@@ -94,14 +94,25 @@ def sweep_results(sweep: pd.DataFrame) -> Figure:
 
 
 def phase_split(phases: pd.DataFrame) -> Figure:
-    """Share of an iteration spent in data, forward, backward and optimizer step (from a trace)."""
-    fig, ax = plt.subplots(figsize=(7, 2.2))
-    left = 0.0
-    for row in phases.itertuples():
-        ax.barh(0, row.share_percent, left=left, label=f"{row.phase} {row.share_percent:.0f} %")
-        left += row.share_percent
-    ax.set(xlim=(0, 100), yticks=[], xlabel="% of the profiled iterations", title="Where the time goes")
-    ax.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
+    """Share of an iteration spent in data, forward, backward and optimizer step (from a trace): one bar per
+    clock, the host's (waiting for data included) and, with a GPU, the device's (kernel time)."""
+    clocks = [("host", "host_share_percent")]
+    if phases["device_share_percent"].notna().any():
+        clocks.append(("device", "device_share_percent"))
+    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.6 * len(clocks)))
+    colors = dict(zip(phases["phase"], plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for position, (_, column) in enumerate(clocks):
+        left = 0.0
+        for row in phases.itertuples():
+            share = getattr(row, column)
+            ax.barh(position, share, left=left, color=colors[row.phase],
+                    label=row.phase if position == 0 else None)
+            ax.text(left + share / 2, position, f"{share:.0f} %", ha="center", va="center", fontsize=7)
+            left += share
+    ax.set(xlim=(0, 100), yticks=range(len(clocks)), yticklabels=[clock for clock, _ in clocks],
+           xlabel="% of the profiled iterations", title="Where the time goes")
+    ax.invert_yaxis()
+    ax.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.5), frameon=False)
     fig.tight_layout()
     return fig
 

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from course_utils import devices
 from course_utils.observe.clocks import timed_rate
-from course_utils.observe.monitor import Monitor
+from course_utils.observe.monitor import Monitor, this_process_rows
 from course_utils.observe.profiling import NO_RANGES
 from course_utils.training import models
 from course_utils.training.options import TrainOptions
@@ -60,18 +60,19 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
             train_step(setup, [(images, labels)], NO_RANGES)
             return batch_size
 
-        monitor = Monitor(monitor_backend, interval)  # sampling starts with the timed steps
+        monitor = Monitor(monitor_backend, interval, device)  # sampling starts with the timed steps
         try:
             rate, seconds = timed_rate(step, steps, warmup, device, on_timed_start=monitor.start)
         finally:
             monitor.stop()
         frame = monitor.frame()
-        device_rows = frame[frame["index"] == frame["index"].min()]
+        device_rows = this_process_rows(frame)
         row.update(images_per_second=rate, step_ms=1000 * seconds / steps,
                    peak_memory_mib=_peak_memory_mib(device, device_rows),
                    utilization_percent=device_rows["utilization_percent"].mean(),
                    power_watts=device_rows["power_watts"].mean(),
-                   power_limit_watts=device_rows["power_limit_watts"].max())
+                   power_limit_watts=device_rows["power_limit_watts"].max(),
+                   power_note=device_rows["power_note"].iloc[0] if len(device_rows) else "")
     except RuntimeError as error:  # torch.OutOfMemoryError is one
         if not is_out_of_memory(error):
             raise

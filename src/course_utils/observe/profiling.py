@@ -115,14 +115,21 @@ def top_operators(prof: profile, count: int = 15) -> pd.DataFrame:
 
 
 def phase_split(prof: profile) -> pd.DataFrame:
-    """Time in each phase range over the recorded iterations, and its share of their sum."""
+    """Time in each phase range over the recorded iterations, on both clocks, and each one's share.
+
+    The host clock (``cpu_ms``) is the wall time the training process spent in the range, waiting
+    for the next batch included; the device clock (``device_ms``) is kernel time. Waiting for data
+    launches no kernel, so only the host clock shows an input-bound run, on a GPU as on a CPU;
+    the device clock shows where the GPU's own work goes.
+    """
     events = {e.key: e for e in prof.key_averages() if e.key in PHASES}
     rows = [{"phase": name, "calls": events[name].count, "cpu_ms": events[name].cpu_time_total / 1000,
              "device_ms": _device_total(events[name]) / 1000} for name in PHASES if name in events]
     table = pd.DataFrame(rows)
     if not table.empty:
-        basis = "device_ms" if table["device_ms"].sum() > 0 else "cpu_ms"
-        table["share_percent"] = 100 * table[basis] / table[basis].sum()
+        table["host_share_percent"] = 100 * table["cpu_ms"] / table["cpu_ms"].sum()
+        device_total = table["device_ms"].sum()
+        table["device_share_percent"] = 100 * table["device_ms"] / device_total if device_total > 0 else float("nan")
     return table
 
 

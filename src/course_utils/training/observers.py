@@ -34,7 +34,8 @@ class Observers:
         self.ranges = Ranges(enabled=cfg.trace is not None, nvtx=True)
         self.profiler = (start_trace(Path(cfg.trace), TraceSchedule().fitted(plan.total_steps), setup.device)
                          if cfg.trace and main else None)
-        self.monitor = Monitor(cfg.monitor, cfg.monitor_interval).start() if cfg.monitor and main else None
+        self.monitor = (Monitor(cfg.monitor, cfg.monitor_interval, setup.device).start() if cfg.monitor and main
+                        else None)
         self.bar = tqdm(total=plan.total_steps, initial=first_step, desc=f"{cfg.model} on {setup.device.type}",
                         unit="it", disable=not (cfg.progress and main), mininterval=progress_interval(),
                         dynamic_ncols=True)

@@ -56,7 +56,8 @@ def monitor_summary(monitor: Monitor) -> dict[str, Any]:
         training = frame[frame["phase"].str.startswith("epoch")]
         per_device = training.groupby("index").agg(
             utilization_percent=("utilization_percent", "mean"), memory_peak_mib=("memory_used_mib", "max"),
-            power_watts=("power_watts", "mean"), power_limit_watts=("power_limit_watts", "max"))
+            power_watts=("power_watts", "mean"), power_limit_watts=("power_limit_watts", "max"),
+            this_process=("this_process", "any"))  # on a shared node, the others are neighbours' devices
         devices_seen = per_device.reset_index().to_dict("records")
     return {"backend": monitor.backend_name, "samples": len(frame), "interval": monitor.interval,
             "devices": devices_seen, "failure": monitor.failure}

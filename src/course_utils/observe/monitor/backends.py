@@ -23,6 +23,7 @@ from course_utils.observe.monitor.readings import (
     nvidia_smi_command,
     parse_nvidia_smi,
     parse_rocm_smi,
+    pci_address,
     rocm_smi_command,
 )
 
@@ -82,11 +83,17 @@ class NvmlBackend(Backend):
                 power_limit_watts=self._value(nvml.nvmlDeviceGetEnforcedPowerLimit, handle, scale=1000),
                 temperature_c=self._value(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
                 clock_mhz=self._value(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
+                pci_address=pci_address(_text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
             ))
         return readings
 
     def close(self) -> None:
         self.nvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    """NVML returns bytes in older releases of its bindings, str in newer ones."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _amd_number(value) -> float | None:
@@ -117,6 +124,12 @@ class AmdSmiBackend(Backend):
         except self.amdsmi.AmdSmiException:
             return {}
 
+    def _bdf(self, handle) -> str:
+        try:
+            return self.amdsmi.amdsmi_get_gpu_device_bdf(handle)
+        except self.amdsmi.AmdSmiException:
+            return ""
+
     def read(self) -> list[Reading]:
         smi, readings = self.amdsmi, []
         for index, handle in enumerate(self.handles):
@@ -136,6 +149,7 @@ class AmdSmiBackend(Backend):
                 power_watts=current if current is not None else _amd_number(power.get("average_socket_power")),
                 power_limit_watts=limit,
                 clock_mhz=_amd_number(self._call(smi.amdsmi_get_clock_info, handle, smi.AmdSmiClkType.GFX).get("clk")),
+                pci_address=pci_address(self._bdf(handle)),
             ))
         return readings
 

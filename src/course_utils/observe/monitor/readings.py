@@ -19,7 +19,7 @@ import re
 from dataclasses import asdict, dataclass
 
 NVIDIA_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "power.draw",
-                 "power.limit", "temperature.gpu", "clocks.sm")
+                 "power.limit", "temperature.gpu", "clocks.sm", "pci.bus_id")
 MIB = 2**20
 SECONDARY_DIE = "Secondary die"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -39,6 +39,7 @@ class Reading:
     temperature_c: float | None = None
     clock_mhz: float | None = None
     power_note: str = ""  # e.g. "module power, shared with GCD 1" on an MI250X
+    pci_address: str = ""  # "0000:c1:00": how this device is matched to the one a process trains on
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -54,6 +55,16 @@ def number(text: str | float | int | None) -> float | None:
         return None
     match = _NUMBER.search(text)
     return float(match.group()) if match else None
+
+
+def pci_address(text: str | None) -> str:
+    """``domain:bus:device`` in one spelling, from the tools' (``00000000:C1:00.0`` from nvidia-smi and NVML,
+    ``0000:C1:00.0`` from rocm-smi, ``0000:c1:00.0`` from AMD SMI); empty when there is none."""
+    match = re.fullmatch(r"\s*([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?\s*", text or "")
+    if not match:
+        return ""
+    domain, bus, device = (int(part, 16) for part in match.groups())
+    return f"{domain:04x}:{bus:02x}:{device:02x}"
 
 
 def nvidia_smi_command() -> list[str]:
@@ -81,13 +92,14 @@ def parse_nvidia_smi(text: str) -> list[Reading]:
             power_limit_watts=number(value.get("power.limit")),
             temperature_c=number(value.get("temperature.gpu")),
             clock_mhz=number(value.get("clocks.sm")),
+            pci_address=pci_address(value.get("pci.bus_id")),
         ))
     return readings
 
 
 def rocm_smi_command() -> list[str]:
     return ["rocm-smi", "--showuse", "--showmeminfo", "vram", "--showpower", "--showmaxpower", "--showtemp",
-            "--showclocks", "--showproductname", "--json"]
+            "--showclocks", "--showproductname", "--showbus", "--json"]
 
 
 def _first(card: dict, *keys: str) -> str | None:
@@ -122,6 +134,7 @@ def parse_rocm_smi(text: str) -> list[Reading]:
             temperature_c=number(_first(card, "Temperature (Sensor junction) (C)", "Temperature (Sensor edge) (C)")),
             clock_mhz=number(_first(card, "sclk clock speed")),
             power_note=SECONDARY_DIE if power_text and SECONDARY_DIE in power_text else "",
+            pci_address=pci_address(_first(card, "PCI Bus")),
         ))
     return _mark_shared_power(readings)
 

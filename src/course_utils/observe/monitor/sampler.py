@@ -19,18 +19,23 @@ import warnings
 from typing import Any
 
 import pandas as pd
+import torch
 
+from course_utils import devices
 from course_utils.observe.monitor.backends import open_backend
 
 
 class Monitor:
     """Samples readings in a daemon thread from :meth:`start` to :meth:`stop`."""
 
-    def __init__(self, backend: str = "auto", interval: float = 0.5) -> None:
+    def __init__(self, backend: str = "auto", interval: float = 0.5, device: torch.device | None = None) -> None:
+        """``device``: the one this process uses (default: its current GPU, else the CPU); its rows are
+        marked ``this_process``, matched by PCI address, since tool indices need not be the runtime's."""
         if interval <= 0:
             raise ValueError("the sampling interval must be positive")
         self.backend = open_backend(backend)  # fails here, in the caller, if the backend is absent
         self.interval = interval
+        self.pci_address = devices.pci_address(device or devices.default_device())
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -54,7 +59,9 @@ class Monitor:
     def sample(self) -> list[dict[str, Any]]:
         """Take one sample now, store it and return its rows."""
         seconds = time.perf_counter() - self._start
-        rows = [{"seconds": seconds, "phase": self._phase, **reading.as_dict()} for reading in self.backend.read()]
+        rows = [{"seconds": seconds, "phase": self._phase, **reading.as_dict(),
+                 "this_process": bool(self.pci_address) and reading.pci_address == self.pci_address}
+                for reading in self.backend.read()]
         with self._lock:
             self._rows.extend(rows)
         return rows
@@ -98,6 +105,15 @@ class Monitor:
         """All samples so far, one row per device and sample."""
         with self._lock:
             return pd.DataFrame(self._rows)
+
+
+def this_process_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The samples of the device this process uses; where no address matched (the CPU, a tool that
+    prints none), those of the lowest index."""
+    if frame.empty:
+        return frame
+    mine = frame[frame["this_process"]] if "this_process" in frame else frame.iloc[:0]
+    return mine if not mine.empty else frame[frame["index"] == frame["index"].min()]
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:

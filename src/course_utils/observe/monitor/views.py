@@ -9,20 +9,20 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from course_utils.notebook import interactive
-from course_utils.observe.monitor.sampler import Monitor
+from course_utils.observe.monitor.sampler import Monitor, this_process_rows
 
 
 def _shade_phases(ax, frame: pd.DataFrame) -> None:
-    first_device = frame[frame["index"] == frame["index"].min()]
-    spans = first_device.groupby((first_device["phase"] != first_device["phase"].shift()).cumsum())
+    mine = this_process_rows(frame)
+    spans = mine.groupby((mine["phase"] != mine["phase"].shift()).cumsum())
     for number, (_, span) in enumerate(spans):
         if number % 2 == 1:
             ax.axvspan(span["seconds"].min(), span["seconds"].max(), color="0.93", zorder=0)
 
 
 def _label_phases(ax, frame: pd.DataFrame) -> None:
-    first_device = frame[frame["index"] == frame["index"].min()]
-    for _, span in first_device.groupby((first_device["phase"] != first_device["phase"].shift()).cumsum()):
+    mine = this_process_rows(frame)
+    for _, span in mine.groupby((mine["phase"] != mine["phase"].shift()).cumsum()):
         if span["phase"].iloc[0]:
             ax.text(span["seconds"].min(), 1.02, span["phase"].iloc[0], transform=ax.get_xaxis_transform(),
                     fontsize=7, rotation=30, ha="left", va="bottom")
