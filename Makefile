@@ -5,13 +5,16 @@
 #   HOST, PORT   where JupyterLab listens (default 127.0.0.1:8888, localhost only, with a token)
 #   BROWSER      1 opens a browser tab, 0 does not (clusters, SSH tunnels, LUMI)
 #   PYTHON       the interpreter that creates .venv (default python3)
-#   PIP_ARGS     extra pip arguments, e.g. an index URL for a ROCm build of PyTorch on LUMI
+#   VENV_ARGS    extra `python -m venv` arguments, e.g. --system-site-packages inside LUMI's PyTorch
+#                container, so that the venv keeps the container's ROCm torch (jobs/lumi/setup_venv.sh)
+#   PIP_ARGS     extra pip arguments, e.g. --no-deps when torch comes from elsewhere (jobs/lumi/setup_venv.sh)
 
 PYTHON ?= python3
 VENV ?= .venv
 HOST ?= 127.0.0.1
 PORT ?= 8888
 BROWSER ?= 1
+VENV_ARGS ?=
 PIP_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -28,7 +31,7 @@ help:
 	@echo "make tensorboard  serve the runs' TensorBoard logs on 127.0.0.1:6006"
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install $(PIP_ARGS) -e '.[test]'

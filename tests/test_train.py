@@ -156,3 +156,12 @@ def test_an_unknown_loader_or_size_is_named_with_the_choices(quick):
         train(**quick, loader="fast")
     with pytest.raises(UnknownSizeError, match="valid values: ci, workshop"):
         train(**{**quick, "size": "huge"})
+
+
+def test_behind_lumis_web_proxy_tensorboard_names_the_app_instead_of_a_blank_frame(monkeypatch, tmp_path, capsys):
+    from course_utils.observe import tensorboard
+
+    monkeypatch.setenv(tensorboard.BEHIND_PROXY_VARIABLE, "the web interface's Apps > TensorBoard")
+    tensorboard.show(tmp_path)
+    said = capsys.readouterr().out
+    assert "Apps > TensorBoard" in said and str(tmp_path.resolve()) in said

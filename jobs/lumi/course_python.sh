@@ -1,10 +1,32 @@
 #!/bin/bash
-# The course's Python on a LUMI-G node: the venv inside LUMI's PyTorch container when
-# COURSE_CONTAINER names its .sif image (see the README), else the venv made with PyTorch's ROCm wheels.
+# The course's Python on LUMI: the venv inside LUMI's PyTorch container when COURSE_CONTAINER names its
+# .sif image (README, "On LUMI"), else the venv made with PyTorch's ROCm wheels. COURSE_VENV chooses
+# another venv than .venv.
+#
+#   jobs/lumi/course_python.sh -m course_utils.train ...     python with these arguments
+#   jobs/lumi/course_python.sh --exec rocprofv3 ... -- python -m ...
+#                                                            any command, with the venv first on PATH
+#
+# In the container it runs through `singularity run` (LUMI AI Factory images prepare their environment
+# there, then run the command given), with the file systems bound by the lumi-aif-singularity-bindings
+# module (jobs/lumi/lumi_env.sh loads it) or, without it, by the bindings LUMI documents.
 set -euo pipefail
 mkdir -p "${MIOPEN_USER_DB_PATH:-/tmp/$(id -un)-miopen}"
-if [[ -n "${COURSE_CONTAINER:-}" ]]; then
-  exec singularity exec -B /scratch -B /project -B /flash "$COURSE_CONTAINER" \
-    bash -c 'source "${COURSE_VENV:-.venv}/bin/activate" && exec python "$@"' course_python "$@"
+venv=${COURSE_VENV:-.venv}
+if [[ ! -d $venv ]]; then
+  echo "course_python: no venv at $venv (make it with jobs/lumi/setup_venv.sh; README, 'On LUMI')" >&2
+  exit 1
 fi
-exec "${COURSE_VENV:-.venv}/bin/python" "$@"
+venv=$(cd "$venv" && pwd)
+if [[ "${1:-}" == --exec ]]; then
+  shift
+else
+  set -- "$venv/bin/python" "$@"
+fi
+if [[ -n "${COURSE_CONTAINER:-}" ]]; then
+  export SINGULARITY_BIND=${SINGULARITY_BIND:-/pfs,/scratch,/projappl,/project,/flash,/appl}
+  exec singularity run "$COURSE_CONTAINER" \
+    bash -c 'export VIRTUAL_ENV="$0" PATH="$0/bin:$PATH" && exec "$@"' "$venv" "$@"
+fi
+export VIRTUAL_ENV=$venv PATH="$venv/bin:$PATH"
+exec "$@"

@@ -3,6 +3,11 @@
 # A LUMI-G node has 4 MI250X modules, each two GCDs that the system shows as 8 GPUs, and a 64-core
 # EPYC whose 8 CCDs each sit next to one GCD. One core per CCD is kept for the system, so a
 # process gets 7 cores: --cpus-per-task=7 and the binding masks below, in GCD order.
+#
+# The course's Python is the venv inside LUMI's PyTorch container when COURSE_CONTAINER names its .sif
+# image, else the venv made with PyTorch's ROCm wheels (README, "On LUMI"; jobs/lumi/course_python.sh).
+# Sources: LUMI user guide (docs.lumi-supercomputer.eu: runjobs/scheduled-jobs/distribution-binding,
+# software/packages/pytorch, laif/software/ai-environment, storage) and the LUMI AI guide.
 cd "${SLURM_SUBMIT_DIR:-.}"
 export COURSE_SIZE=${COURSE_SIZE:-workshop}
 
@@ -10,12 +15,39 @@ export COURSE_SIZE=${COURSE_SIZE:-workshop}
 # CPU_BIND=none in the environment turns it off (a node that is not LUMI-G).
 export CPU_BIND=${CPU_BIND:-"mask_cpu:fe000000000000,fe00000000000000,fe0000,fe000000,fe,fe00,fe00000000,fe0000000000"}
 
-# MIOpen's kernel databases on node-local storage: the shared file system is slow and locks.
-export MIOPEN_USER_DB_PATH="/tmp/${USER:-$(id -un)}-miopen-${SLURM_JOB_ID}"
-export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
+# The container's bindings: LUMI AI Factory's module binds the file systems (/scratch, /project, /flash,
+# /appl...) and what Slurm needs into the container. Loaded here when the job did not bring it along.
+if [[ -n "${COURSE_CONTAINER:-}" && -z "${SINGULARITY_BIND:-}" ]] && type module >/dev/null 2>&1; then
+  case $- in *u*) _course_u=1 ;; *) _course_u= ;; esac
+  set +u  # Lmod's shell function reads unset variables
+  module use /appl/local/laifs/modules && module load lumi-aif-singularity-bindings ||
+    echo "lumi_env: lumi-aif-singularity-bindings did not load; course_python.sh binds the file systems itself" >&2
+  [[ -n $_course_u ]] && set -u
+  unset _course_u
+fi
 
-# RCCL between nodes over Slingshot's high-speed interfaces, with GPU-direct RDMA.
+# MIOpen's kernel cache and its user database (its tuning results) in /tmp, one folder per job: MIOpen's
+# file locking does not work on Lustre (/scratch, /project, /home), and a folder per job never meets a
+# stale or foreign one. /tmp on a LUMI compute node is memory counted in the job's allocation, and it is
+# emptied when the job ends, so nothing of it persists: each job compiles its kernels anew (notebook 01).
+# COURSE_MIOPEN_CACHE=/scratch/<project>/$USER/miopen keeps them between jobs: copied into /tmp when
+# the job starts and back when the job script ends (on the job's first node).
+export MIOPEN_USER_DB_PATH="/tmp/${USER:-$(id -un)}-miopen-${SLURM_JOB_ID:-$$}"
+export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
+mkdir -p "$MIOPEN_USER_DB_PATH"
+if [[ -n "${COURSE_MIOPEN_CACHE:-}" ]]; then
+  mkdir -p "$COURSE_MIOPEN_CACHE"
+  cp -a "$COURSE_MIOPEN_CACHE/." "$MIOPEN_USER_DB_PATH/"
+  trap 'cp -a "$MIOPEN_USER_DB_PATH/." "$COURSE_MIOPEN_CACHE/" || true' EXIT
+fi
+
+# RCCL between nodes over Slingshot: its four high-speed interfaces (RCCL must not try the management
+# network), GPU-direct RDMA up to the host bridge (PHB, written 3 in LUMI's pages; the default since
+# ROCm 6.2). The aws-ofi-rccl plugin (libfabric, CXI provider) carries the traffic; LUMI's PyTorch
+# containers have it, and NCCL_DEBUG=INFO shows whether it was used (jobs/lumi/allreduce.sbatch).
 export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
 export NCCL_NET_GDR_LEVEL=PHB
+# libfabric's CXI provider with processes that fork (DataLoader workers), as LUMI's PyTorch page sets them.
+export CXI_FORK_SAFE=1 CXI_FORK_SAFE_HP=1 FI_CXI_DISABLE_CQ_HUGETLB=1
 # One thread per process for PyTorch's CPU work; the 7 cores feed the DataLoader workers.
 export OMP_NUM_THREADS=1

@@ -7,6 +7,7 @@ notebook show the same numbers in CI, where no TensorBoard server should be star
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -33,8 +34,19 @@ def command(logdir: Path, port: int = 6006) -> str:
     return f"tensorboard --logdir {logdir} --host 127.0.0.1 --port {port}"
 
 
+BEHIND_PROXY_VARIABLE = "COURSE_TENSORBOARD_APP"  # set by jobs/lumi/jupyter_init.sh in LUMI's Jupyter app
+
+
 def show(logdir: Path, port: int = 6006) -> None:
-    """Start TensorBoard inside the notebook when someone is watching, else print how to start it."""
+    """Start TensorBoard inside the notebook when someone is watching, else print how to start it.
+
+    Behind a web portal's proxy (LUMI's web interface) the inline view's frame points at the
+    browser's own host, where nothing answers: there the portal's TensorBoard app is the way.
+    """
+    if os.environ.get(BEHIND_PROXY_VARIABLE):
+        print(f"Inside this web interface the inline TensorBoard stays blank (its frame points at the browser's "
+              f"host). Start {os.environ[BEHIND_PROXY_VARIABLE]} with the log directory\n  {Path(logdir).resolve()}")
+        return
     if not interactive():
         print(f"TensorBoard is not started here (no live notebook). To browse these runs:\n  {command(logdir, port)}")
         return

@@ -1,0 +1,31 @@
+# Sourced by the Jupyter app of LUMI's web interface before it starts JupyterLab (form: "Settings:
+# Advanced", "Custom init: Text"; README, "On LUMI"). The app runs `python -m jupyter lab` afterwards, so
+# this leaves on PATH a `python` that has JupyterLab: the course's venv, inside LUMI's PyTorch container
+# when COURSE_CONTAINER names its .sif image. COURSE_VENV chooses another venv than the checkout's .venv.
+# Sourced into the app's shell: no `exit`, no `set -e` here.
+course_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+export COURSE_VENV=${COURSE_VENV:-$course_root/.venv}
+
+# MIOpen's caches in /tmp (memory of this session, emptied when it ends), as in jobs/lumi/lumi_env.sh.
+export MIOPEN_USER_DB_PATH="/tmp/${USER:-$(id -un)}-miopen-${SLURM_JOB_ID:-$$}"
+export MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"
+mkdir -p "$MIOPEN_USER_DB_PATH"
+# The inline %tensorboard cannot reach the compute node through the web interface's proxy:
+# course_utils.observe.tensorboard.show() names the TensorBoard app instead.
+export COURSE_TENSORBOARD_APP="the web interface's Apps > TensorBoard"
+
+if [[ -n "${COURSE_CONTAINER:-}" ]]; then
+  if [[ -z "${SINGULARITY_BIND:-}" ]] && type module >/dev/null 2>&1; then
+    module use /appl/local/laifs/modules && module load lumi-aif-singularity-bindings
+  fi
+  # `python` is jobs/lumi/course_python.sh: JupyterLab and its kernels run inside the container.
+  course_bin="/tmp/${USER:-$(id -un)}-course-bin-${SLURM_JOB_ID:-$$}"
+  mkdir -p "$course_bin"
+  ln -sf "$course_root/jobs/lumi/course_python.sh" "$course_bin/python"
+  export PATH="$course_bin:$PATH"
+  unset course_bin
+else
+  source "$COURSE_VENV/bin/activate"
+fi
+unset course_root
+echo "course environment: $(command -v python) (COURSE_CONTAINER=${COURSE_CONTAINER:-none}, venv $COURSE_VENV)"
