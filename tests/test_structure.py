@@ -87,3 +87,15 @@ def test_each_module_says_what_it_is_for_and_which_notebooks_use_it(module):
     assert docstring, f"{module} has no docstring"
     opening = docstring.split("\n\n")[0]
     assert "notebook" in opening.lower(), f"{module}'s docstring opens without naming the notebooks that use it"
+
+
+def test_a_notebook_shows_the_code_that_ran_not_a_copy(tmp_path):
+    from course_utils.notebook import show_code
+    from course_utils.training.step import train_step
+
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --nodes=2\nsrun python -m course_utils.train\n")
+    text = show_code(train_step, files=(script,)).data
+    assert "**course_utils.training.step.train_step**" in text
+    assert "setup.scaler.scale(loss).backward()" in text and text.count("```python") == 1
+    assert f"**{script}**\n\n```bash\n#!/bin/bash\n#SBATCH --nodes=2" in text
