@@ -19,7 +19,7 @@ PIP_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup data lab lint test test-quick tensorboard clean
+.PHONY: help setup data lab lint bytecode test test-quick tensorboard clean
 
 help:
 	@echo "make lab          set up .venv, prepare the data for the active size, start JupyterLab"
@@ -49,7 +49,12 @@ lab: data
 lint: setup
 	$(BIN)/ruff check .
 
-test: lint
+# The tests start many Python processes (torchrun ranks, the training command, notebook kernels): the
+# package's bytecode compiled once spares each of them compiling it again where no cache is written.
+bytecode: setup
+	$(BIN)/python -m compileall -q src data_prep
+
+test: lint bytecode
 	COURSE_SIZE=ci $(BIN)/python -m data_prep --size ci
 	COURSE_SIZE=ci $(BIN)/python -m pytest
 
