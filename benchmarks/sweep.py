@@ -13,7 +13,8 @@ from course_utils.lessons.sweep import sweep
 
 def main() -> None:
     size = config.get_size()
-    results = sweep(size.sweep_models, size.sweep_batch_sizes, steps=size.sweep_steps)
+    results = sweep(size.sweep_models, size.sweep_batch_sizes, steps=size.sweep_steps,
+                    image_size=size.sweep_image_size)
     print(results.round(1).to_string())
     rows = [{"size": size.name, **row} for row in results.to_dict("records")]
     print(f"recorded in {reference.record('sweep', rows, device_name(default_device()))}")

@@ -1,9 +1,10 @@
 """Each precision and compilation option trains, and its loss falls; what cannot run says why."""
 
+import pandas as pd
 import pytest
 import torch
 
-from course_utils.lessons import progression
+from course_utils.lessons import answers, progression
 from course_utils.lessons.progression import STAGES, unavailable
 from course_utils.observe.metrics import load_run
 from course_utils.run_folder import RunFolder
@@ -88,3 +89,19 @@ def test_compile_trains_and_loss_falls(tiny_root, tmp_path):
                     device="cpu")
     assert _loss_falls(tmp_path)
     assert summary["first_iteration_seconds"][0] > 2 * summary["steady_iteration_seconds"]  # compiling is paid once
+
+
+def _progression(losses: list[float], top1: list[float], first: list[float]) -> pd.DataFrame:
+    stages = ["fp32 baseline", "+ channels_last", "+ fused optimizer", "+ torch.compile"]
+    return pd.DataFrame({"stage": stages, "status": "ok", "images_per_second": [100.0, 110.0, 115.0, 160.0],
+                         "speedup": [1.0, 1.1, 1.15, 1.6], "final_train_loss": losses, "test_top1": top1,
+                         "first_iteration_s": first})
+
+
+def test_same_training_is_read_from_the_measured_spread_not_asserted():
+    same = answers.progression_answer(_progression([2.00, 2.02, 1.99, 2.03], [40.0, 41.0, 39.5, 40.5],
+                                                   [0.5, 0.5, 0.6, 9.4]))
+    assert "Same training? Yes" in same and "about **8.8 s** of it is compilation" in same
+    apart = answers.progression_answer(_progression([2.00, 2.02, 2.60, 2.03], [40.0, 41.0, 30.0, 40.5],
+                                                    [0.5, 0.5, 0.6, 9.4]))
+    assert "Same training? Not shown" in apart and "furthest is **+ fused optimizer**" in apart

@@ -33,6 +33,8 @@ def test_summary_follows_the_contract(quick_run, run_summary):
     assert summary["world_size"] == 1 and summary["device"] == "CPU"
     assert len(summary["epoch_seconds"]) == 2 and summary["images_per_second"] > 0
     assert summary["config"]["batch_size"] == 32 and summary["config"]["model"] == "small_cnn"
+    # FLOPs counted for the model that trained; no MFU on a CPU, whose peak the table does not guess
+    assert summary["training_flops_per_image"] > 1e6 and summary["mfu"] is None and summary["peak_source"] is None
 
 
 @pytest.mark.slow

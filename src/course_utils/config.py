@@ -38,6 +38,7 @@ class Size:
     generated_data: bool  # True: tiny data made by data_prep, False: the official archive
     sweep_models: tuple[str, ...]  # notebook 02's model x batch-size sweep
     sweep_batch_sizes: tuple[int, ...]
+    sweep_image_size: int  # workshop: 224 px, so that the LUMI workshop's set-up (ResNet-152, batch 128) is a row
     sweep_steps: int
     progression_epochs: int  # notebook 05: epochs each precision/compilation stage trains
     loader_workers: tuple[int, ...]  # notebook 04: worker counts of the DataLoader sweep
@@ -78,6 +79,7 @@ SIZES: dict[str, Size] = {
         generated_data=True,
         sweep_models=("small_cnn", "resnet18"),
         sweep_batch_sizes=(16, 64),
+        sweep_image_size=32,
         sweep_steps=4,
         progression_epochs=1,
         loader_workers=(2,),
@@ -101,7 +103,8 @@ SIZES: dict[str, Size] = {
         image_size=32,
         generated_data=False,
         sweep_models=("resnet18", "resnet50", "resnet152"),
-        sweep_batch_sizes=(64, 256, 1024, 4096, 16384),
+        sweep_batch_sizes=(32, 128, 512, 2048),
+        sweep_image_size=224,
         sweep_steps=20,
         progression_epochs=3,
         loader_workers=(1, 2, 4, 7),

@@ -65,13 +65,29 @@ def model_size(sweep: pd.DataFrame) -> str:
     lines = [f"At batch {batch}, the largest that fitted every model:"]
     for small, large in zip(rows, rows[1:]):
         params = large["parameters"] / small["parameters"]
+        work = large["training_gflops_per_image"] / small["training_gflops_per_image"]
         slower = small["images_per_second"] / large["images_per_second"]
-        lines.append(f"- **{large['model']}** has **{params:.1f}x** the parameters of {small['model']} and trains "
+        lines.append(f"- **{large['model']}** has **{params:.1f}x** the parameters of {small['model']} and "
+                     f"**{work:.1f}x** its FLOPs per image ({large['training_gflops_per_image']:.2f} vs "
+                     f"{small['training_gflops_per_image']:.2f} GFLOP per training image), and trains "
                      f"**{slower:.1f}x** slower ({large['images_per_second']:.0f} vs "
                      f"{small['images_per_second']:.0f} images/s).")
-    lines.append("Parameters count weights, not work: the work per image is set by the activations (layer "
-                 "sizes times spatial resolution), and a small model may not fill the device at all.")
+    lines.append("Parameters count weights, not work: the work per image (FLOPs, counted by PyTorch's "
+                 "`FlopCounterMode`) is set by the layers times the spatial resolution they run at. Speed follows "
+                 "FLOPs once the device is full; a small model may not fill it at all.")
     return "\n".join(lines)
+
+
+def work_and_peak(summary: dict) -> str:
+    """Markdown: the run's arithmetic per image, and how much of the device's peak it achieved (MFU)."""
+    gflops = summary["training_flops_per_image"] / 1e9
+    line = f"- **{gflops:.2f} GFLOP** per training image (forward and backward, PyTorch's FLOP counter)"
+    if summary["mfu"] is None:
+        return (f"{line}; no MFU here: the peak of {summary['device']} is not in the course's table of "
+                "vendors' peaks (`course_utils.observe.flops.PEAKS`), and is not guessed.")
+    achieved = summary["images_per_second"] * gflops / 1e3
+    return (f"{line}: **{achieved:.1f} TFLOP/s** achieved, **{summary['mfu']:.0%}** of the "
+            f"{summary['peak_tflops']:.0f} TFLOP/s dense peak ({summary['peak_source']}).")
 
 
 def batch_size(sweep: pd.DataFrame) -> str:
@@ -175,14 +191,45 @@ def progression_answer(table: pd.DataFrame) -> str:
                      f"({current['images_per_second']:.0f} vs {previous['images_per_second']:.0f} images/s).")
     for row in table[table["status"] != "ok"].itertuples():
         lines.append(f"- **{row.stage}**: {row.status}.")
-    base, best = ran.iloc[0], ran.loc[ran["images_per_second"].idxmax()]
+    best = ran.loc[ran["images_per_second"].idxmax()]
     lines.append(f"- Fastest: **{best['stage']}** at **{best['speedup']:.2f}x** the fp32 baseline.")
-    loss_spread = ran["final_train_loss"].max() - ran["final_train_loss"].min()
-    top1_spread = ran["test_top1"].max() - ran["test_top1"].min()
-    lines.append(f"- Same training? Final training losses differ by at most **{loss_spread:.3f}** (baseline "
-                 f"{base['final_train_loss']:.3f}) and test top-1 by **{top1_spread:.1f}** points: lower precision "
-                 "changes the rounding, not what is learned.")
+    lines += _compile_cost(ran)
+    lines.append(_same_training(ran))
     return "\n".join(lines)
+
+
+SAME_LOSS = 0.05  # final training losses within 5 % of the baseline's: rounding, not another training
+SAME_TOP1_POINTS = 3.0
+
+
+def _compile_cost(ran: pd.DataFrame) -> list[str]:
+    """The first iteration of the compile stage against the stage before it, which pays the same kernel
+    search and lazy start-up: the difference is what compilation cost."""
+    stages = ran["stage"].tolist()
+    compiled = next((i for i, stage in enumerate(stages) if "torch.compile" in stage), None)
+    if not compiled:
+        return []
+    before, after = ran.iloc[compiled - 1]["first_iteration_s"], ran.iloc[compiled]["first_iteration_s"]
+    return [f"- **torch.compile**'s first iteration took **{after:.1f} s** against {before:.1f} s for the stage "
+            f"before, which pays the same kernel search and start-up: about **{after - before:.1f} s** of it is "
+            "compilation, paid once per process and input shape."]
+
+
+def _same_training(ran: pd.DataFrame) -> str:
+    """Whether the stages trained the same model, judged from the measured spread, not assumed."""
+    base = ran.iloc[0]
+    loss_gap = (ran["final_train_loss"] - base["final_train_loss"]).abs() / base["final_train_loss"]
+    top1_gap = (ran["test_top1"] - base["test_top1"]).abs()
+    worst = ran.loc[(loss_gap / SAME_LOSS).combine(top1_gap / SAME_TOP1_POINTS, max).idxmax()]
+    spread = (f"final training losses within **{loss_gap.max():.1%}** of the baseline's "
+              f"{base['final_train_loss']:.3f}, test top-1 within **{top1_gap.max():.1f}** points")
+    if loss_gap.max() <= SAME_LOSS and top1_gap.max() <= SAME_TOP1_POINTS:
+        return (f"- Same training? Yes: {spread} (the bar: {SAME_LOSS:.0%} and {SAME_TOP1_POINTS:.0f} points). "
+                "Lower precision changed the rounding, not what was learned.")
+    return (f"- Same training? Not shown: {spread}, past the bar of {SAME_LOSS:.0%} and {SAME_TOP1_POINTS:.0f} "
+            f"points; furthest is **{worst['stage']}** (loss {worst['final_train_loss']:.3f}, top-1 "
+            f"{worst['test_top1']:.1f} %). Short runs spread more than long ones; with fp16, check that the "
+            "GradScaler ran (an underflowing gradient stalls learning).")
 
 
 def loaders_answer(comparison: pd.DataFrame, best_setting: dict) -> str:

@@ -96,6 +96,7 @@ def run_progression(out_dir: Path, stages: tuple[Stage, ...] = STAGES, **train_o
         rows.append({
             "stage": stage.label, "status": "ok", "images_per_second": summary["images_per_second"],
             "speedup": summary["images_per_second"] / baseline,
+            "mfu": summary["mfu"],  # of the peak for this stage's precision: a 16-bit stage is held to more
             "peak_memory_mib": summary["peak_memory_allocated_mib"],
             "first_iteration_s": summary["first_iteration_seconds"][0],
             "final_train_loss": summary["final_train_loss"], "test_top1": summary["test_top1"],

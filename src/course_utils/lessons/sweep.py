@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from course_utils import devices
+from course_utils.observe import flops
 from course_utils.observe.clocks import timed_rate
 from course_utils.observe.monitor import Monitor, this_process_rows
 from course_utils.observe.profiling import NO_RANGES
@@ -44,7 +45,9 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
     ``train_options`` (``amp="bf16"``, ``channels_last=True``, ...) go to the training set-up.
     """
     row = {"model": model, "batch_size": batch_size, "status": "ok",
-           "parameters": models.count_parameters(models.build(model, image_size=image_size))}
+           "parameters": models.count_parameters(models.build(model, image_size=image_size)),
+           "training_gflops_per_image": flops.training_flops_per_image(
+               lambda: models.build(model, image_size=image_size), image_size) / 1e9}
     setup = None
     try:
         setup = prepare(TrainOptions(model=model, batch_size=batch_size, data="synthetic", train_samples=batch_size,
@@ -68,6 +71,8 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
         frame = monitor.frame()
         device_rows = this_process_rows(frame)
         row.update(images_per_second=rate, step_ms=1000 * seconds / steps,
+                   mfu=flops.mfu(rate, row["training_gflops_per_image"] * 1e9, devices.device_name(device),
+                                 train_options.get("amp", "off")),
                    peak_memory_mib=_peak_memory_mib(device, device_rows),
                    utilization_percent=device_rows["utilization_percent"].mean(),
                    power_watts=device_rows["power_watts"].mean(),

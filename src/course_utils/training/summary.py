@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from course_utils import devices
+from course_utils.data.datasets import NUM_CLASSES
+from course_utils.observe import flops
 from course_utils.observe.clocks import images_per_second, steady_median, warmup_steps
 from course_utils.observe.monitor import Monitor
 from course_utils.parallel.collectives import gather
@@ -71,9 +73,13 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
     skip = warmup_steps(plan.steps_per_epoch, plan.epochs, len(times.seconds))
     ranks = gather(rank_summary(setup, times, steps, skip))
     last = epoch_records[-1]
+    rate = sum(r["images_per_second"] for r in ranks)  # every rank trains its own images at the same time
+    dp_devices = (len(setup.wrapped.device_ids) or 1) if cfg.distributed == "dp" else None
+    work = flops.training_flops_per_image(
+        lambda: models.build(cfg.model, num_classes=NUM_CLASSES, image_size=cfg.image_size), cfg.image_size)
+    peak = flops.peak_tflops(devices.device_name(device), cfg.amp)
     return {
-        # Every rank trains on its own images at the same time: the job's rate is the sum.
-        "images_per_second": sum(r["images_per_second"] for r in ranks),
+        "images_per_second": rate,
         "warmup_steps": skip,
         "first_epoch_seconds": epoch_records[0]["seconds"],
         "epoch_seconds": [r["seconds"] for r in epoch_records],
@@ -87,12 +93,17 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         "test_top5": last["test_top5"],
         "world_size": world,
         "distributed": cfg.distributed,
-        "data_parallel_devices": (len(setup.wrapped.device_ids) or 1) if cfg.distributed == "dp" else None,
+        "data_parallel_devices": dp_devices,
         "global_batch_size": setup.images_per_step * world,
         "per_rank": ranks,
         "device": devices.device_name(device),
         "device_type": device.type,
         "parameters": models.count_parameters(setup.model),
+        "training_flops_per_image": work,
+        # Achieved FLOP/s over the devices' dense peak for this precision; None where the peak is not known.
+        "mfu": flops.mfu(rate, work, devices.device_name(device), cfg.amp, devices=dp_devices or world),
+        "peak_tflops": peak[0] if peak else None,
+        "peak_source": peak[1] if peak else None,
         "train_samples": plan.steps_per_epoch * setup.images_per_step * world,
         "torch_version": torch.__version__,
         "out": cfg.out,
