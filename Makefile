@@ -42,7 +42,14 @@ setup: $(STAMP)
 data: setup
 	$(BIN)/python -m data_prep
 
-lab: data
+# JupyterLab's defaults for this course (no pop-up asking about Jupyter news over every notebook, no
+# update check from a cluster node), in the place JupyterLab reads overrides from: the venv's settings.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+$(LAB_OVERRIDES): jupyter/overrides.json $(STAMP)
+	mkdir -p $(dir $@)
+	cp $< $@
+
+lab: data $(LAB_OVERRIDES)
 	$(BIN)/jupyter lab --ip=$(HOST) --port=$(PORT) $(if $(filter 0,$(BROWSER)),--no-browser,) \
 		$(if $(filter 0,$(shell id -u)),--allow-root,)
 

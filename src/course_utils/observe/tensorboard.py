@@ -8,6 +8,8 @@ notebook show the same numbers in CI, where no TensorBoard server should be star
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -52,6 +54,17 @@ def show(logdir: Path, port: int = 6006) -> None:
         return
     from IPython import get_ipython
 
+    put_this_python_on_path()
     shell = get_ipython()
-    shell.run_line_magic("load_ext", "tensorboard")
+    shell.extension_manager.load_extension("tensorboard")  # silent when a second run finds it loaded
     shell.run_line_magic("tensorboard", f"--logdir {logdir} --host 127.0.0.1 --port {port}")
+
+
+def put_this_python_on_path() -> str | None:
+    """Put the folder of this Python, where pip put the ``tensorboard`` program, first on PATH, and
+    return the program that PATH now finds. A kernel started from an environment that was never
+    activated (``make lab``) lacks it, and the ``%tensorboard`` magic starts the program by name."""
+    folder = str(Path(sys.executable).parent)
+    if folder not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join(filter(None, [folder, os.environ.get("PATH")]))
+    return shutil.which("tensorboard")
