@@ -138,3 +138,10 @@ def test_the_sums_are_those_of_the_files_the_parameters_make(tmp_path):
     assert "md5" not in manifest  # only what makes the files
     assert expected_md5(tmp_path) == {name: file_md5(tmp_path / "cifar-100-python" / name)
                                       for name in ("train", "test", "meta")}
+
+
+def test_the_sample_grid_says_the_ci_images_are_generated_patterns(tiny_root):
+    from course_utils.lessons import plots
+
+    figure = plots.sample_grid(VerifiedCIFAR100(tiny_root, train=True))
+    assert "generated CIFAR-100" in figure._suptitle.get_text() and "not photographs" in figure._suptitle.get_text()
