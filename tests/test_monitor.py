@@ -175,3 +175,29 @@ def test_the_power_answer_on_a_secondary_gcd_says_where_its_power_went():
     assert "second GCD of its MI250X module" in text and "about 300 W" in text and "560 W" in text
     assert "machine without a GPU" in answers.utilization_vs_power(rows.assign(power_note=""))
 
+
+
+def _samples(utilization_by_phase: list[tuple[str, float]], per_phase: int = 4) -> pd.DataFrame:
+    rows, seconds = [], 0.0
+    for phase, utilization in utilization_by_phase:
+        for _ in range(per_phase):
+            rows.append({"seconds": seconds, "phase": phase, "index": 0, "name": "GPU", "this_process": True,
+                         "utilization_percent": utilization, "memory_used_mib": 1000 + seconds,
+                         "memory_total_mib": 80000, "power_watts": None, "power_limit_watts": None})
+            seconds += 0.5
+    return pd.DataFrame(rows)
+
+
+def test_the_timeline_is_read_from_the_samples_not_asserted():
+    dropped = answers.timeline_reading(_samples([("epoch 1", 95), ("eval 1", 40), ("epoch 2", 96), ("eval 2", 42)]))
+    assert "**96 %** while training and **41 %** in evaluation: evaluation is smaller work" in dropped
+    level = answers.timeline_reading(_samples([("epoch 1", 90), ("eval 1", 92)]))
+    assert "kept the device about as busy" in level
+    assert "Too few samples" in answers.timeline_reading(_samples([("epoch 1", 90)]))
+
+
+def test_phase_labels_of_short_phases_do_not_print_over_each_other():
+    phases = [(f"{kind} {n}", 50.0) for n in range(1, 21) for kind in ("epoch", "eval")]
+    figure = timeline(_samples(phases, per_phase=1), title="many short phases")
+    labels = [text.get_text() for text in figure.axes[0].texts]
+    assert 0 < len(labels) < len(phases) and labels[0] == "epoch 1"

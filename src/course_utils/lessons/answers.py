@@ -8,6 +8,7 @@ import pandas as pd
 
 from course_utils.observe.clocks import steady_median
 from course_utils.observe.metrics import Run
+from course_utils.observe.monitor import this_process_rows
 
 
 def warmup(run: Run) -> str:
@@ -108,6 +109,33 @@ def batch_size(sweep: pd.DataFrame) -> str:
         lines.append(text)
     lines.append("Memory grows with the batch because activations are stored for the backward pass; "
                  "throughput grows only until the device is busy, then stays flat.")
+    return "\n".join(lines)
+
+
+def timeline_reading(samples: pd.DataFrame) -> str:
+    """Markdown: what a monitored run's timeline showed, training against evaluation and memory over time,
+    read from its samples rather than asserted."""
+    mine = this_process_rows(samples)
+    training = mine[mine["phase"].str.startswith("epoch")]
+    evaluation = mine[mine["phase"].str.startswith("eval")]
+    busy, checking = training["utilization_percent"].mean(), evaluation["utilization_percent"].mean()
+    if pd.isna(busy) or pd.isna(checking):
+        lines = ["- Too few samples fell in training and in evaluation to compare them: sample more often "
+                 "(`monitor_interval`) or train longer."]
+    elif checking < busy - 5:
+        lines = [f"- Utilization averaged **{busy:.0f} %** while training and **{checking:.0f} %** in evaluation: "
+                 "evaluation is smaller work (no backward pass, no optimizer step), too little to keep the device "
+                 "as busy."]
+    else:
+        lines = [f"- Utilization averaged **{busy:.0f} %** while training and **{checking:.0f} %** in evaluation: "
+                 "here evaluation kept the device about as busy. On a CPU, PyTorch spreads even a forward pass "
+                 "over every core; on a GPU, evaluation's smaller work usually shows as a drop."]
+    memory = training["memory_used_mib"].dropna()
+    if len(memory) >= 2:
+        lines.append(f"- Memory went from **{memory.iloc[0]:.0f} MiB** at the first training sample to a peak of "
+                     f"**{memory.max():.0f} MiB** and ended at {memory.iloc[-1]:.0f} MiB: on a GPU it climbs in the "
+                     "first iterations and then stays flat, because PyTorch's caching allocator keeps what it once "
+                     "needed instead of returning it to the device.")
     return "\n".join(lines)
 
 

@@ -20,12 +20,18 @@ def _shade_phases(ax, frame: pd.DataFrame) -> None:
             ax.axvspan(span["seconds"].min(), span["seconds"].max(), color="0.93", zorder=0)
 
 
-def _label_phases(ax, frame: pd.DataFrame) -> None:
+def _label_phases(ax, frame: pd.DataFrame, min_gap: float = 0.05) -> None:
+    """Name the phases above the plot; a label closer than ``min_gap`` of the time axis to the previous
+    one is left out, so short phases (an epoch of a few seconds) do not print over each other."""
     mine = this_process_rows(frame)
+    gap = min_gap * (mine["seconds"].max() - mine["seconds"].min())
+    last = None
     for _, span in mine.groupby((mine["phase"] != mine["phase"].shift()).cumsum()):
-        if span["phase"].iloc[0]:
-            ax.text(span["seconds"].min(), 1.02, span["phase"].iloc[0], transform=ax.get_xaxis_transform(),
+        start = span["seconds"].min()
+        if span["phase"].iloc[0] and (last is None or start - last >= gap):
+            ax.text(start, 1.02, span["phase"].iloc[0], transform=ax.get_xaxis_transform(),
                     fontsize=7, rotation=30, ha="left", va="bottom")
+            last = start
 
 
 def timeline(frame: pd.DataFrame, title: str = "") -> Figure:
