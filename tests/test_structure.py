@@ -1,10 +1,12 @@
 """The package's house rules: no import cycles, lower floors never import upper ones, every module says
-what it is for and which notebooks use it."""
+what it is for and which notebooks use it; every notebook ends with its self-check."""
 
 from __future__ import annotations
 
 import ast
 import functools
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,15 @@ def test_a_notebook_shows_the_code_that_ran_not_a_copy(tmp_path):
     assert "**course_utils.training.step.train_step**" in text
     assert "setup.scaler.scale(loss).backward()" in text and text.count("```python") == 1
     assert f"**{script}**\n\n```bash\n#!/bin/bash\n#SBATCH --nodes=2" in text
+
+
+NOTEBOOKS = sorted((PACKAGE.parents[1] / "notebooks").glob("[0-9]*.ipynb"))
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_each_notebook_ends_with_a_self_check_of_three_answered_questions(notebook):
+    last = "".join(json.loads(notebook.read_text())["cells"][-1]["source"])
+    questions, _, answers = last.partition("<details><summary>Answers</summary>")
+    assert questions.startswith("## Self-check"), f"{notebook.name} does not end with its self-check"
+    for part in (questions, answers):
+        assert re.findall(r"^(\d)\. ", part, re.MULTILINE) == ["1", "2", "3"]
