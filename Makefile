@@ -49,9 +49,10 @@ $(LAB_OVERRIDES): jupyter/overrides.json $(STAMP)
 	mkdir -p $(dir $@)
 	cp $< $@
 
+# jupyter/jupyter_server_config.py saves the course's notebooks without outputs: the checkout stays clean.
 lab: data $(LAB_OVERRIDES)
-	$(BIN)/jupyter lab --ip=$(HOST) --port=$(PORT) $(if $(filter 0,$(BROWSER)),--no-browser,) \
-		$(if $(filter 0,$(shell id -u)),--allow-root,)
+	$(BIN)/jupyter lab --config=jupyter/jupyter_server_config.py --ip=$(HOST) --port=$(PORT) \
+		$(if $(filter 0,$(BROWSER)),--no-browser,) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -35,3 +35,51 @@ def test_tensorboard_is_found_from_a_kernel_whose_path_lacks_the_venv(monkeypatc
     program = tensorboard.put_this_python_on_path()
     assert program == str(Path(sys.executable).parent / "tensorboard")
     assert shutil.which("tensorboard") == program
+
+
+def _save_hook():
+    """The hook that `make lab`'s server configuration installs, read from that file as Jupyter reads it."""
+    from traitlets.config import Config
+
+    namespace = {"c": Config()}
+    exec((checkout_root() / "jupyter" / "jupyter_server_config.py").read_text(), namespace)
+    return namespace["c"].FileContentsManager.pre_save_hook
+
+
+def test_make_lab_starts_jupyterlab_with_the_course_configuration():
+    dry_run = subprocess.run(["make", "-n", "lab"], cwd=checkout_root(), capture_output=True, text=True).stdout
+    assert "jupyter lab --config=jupyter/jupyter_server_config.py" in dry_run
+
+
+def test_running_a_notebook_and_saving_it_leaves_the_checkout_unchanged(tmp_path):
+    """Jupyter's own contents manager saves a run notebook (outputs, execution counts, metadata added by
+    the front-end) through the course's hook: the file is byte for byte the committed one."""
+    import nbformat
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+
+    committed = checkout_root() / "notebooks" / "00_setup.ipynb"
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / committed.name).write_bytes(committed.read_bytes())
+    manager = FileContentsManager(root_dir=str(tmp_path))
+    manager.register_pre_save_hook(_save_hook())
+    model = manager.get(f"notebooks/{committed.name}")
+    notebook = model["content"]
+    for count, cell in enumerate(c for c in notebook.cells if c.cell_type == "code"):
+        cell.execution_count = count + 1
+        cell.metadata["execution"] = {"iopub.status.busy": "2026-11-23T10:00:00Z"}
+        if not cell.source.startswith("# NBVAL_CHECK_OUTPUT"):  # that one's output is what the run printed again
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="what this machine printed\n")]
+    notebook.metadata["language_info"] = {"name": "python", "version": "3.11.7", "file_extension": ".py"}
+    manager.save(model, f"notebooks/{committed.name}")
+    assert (tmp_path / "notebooks" / committed.name).read_bytes() == committed.read_bytes()
+
+
+def test_the_repository_keeps_every_notebook_in_the_form_jupyterlab_saves_it_in():
+    import nbformat
+
+    from course_utils.saved_notebooks import course_form
+
+    for path in sorted((checkout_root() / "notebooks").glob("*.ipynb")):
+        text = path.read_text()
+        node = nbformat.reads(text, 4)
+        assert nbformat.writes(course_form(node)) + "\n" == text, f"{path.name} is not in the saved form"

@@ -13,6 +13,9 @@ mkdir -p "$MIOPEN_USER_DB_PATH"
 # The inline %tensorboard cannot reach the compute node through the web interface's proxy:
 # course_utils.observe.tensorboard.show() names the TensorBoard app instead.
 export COURSE_TENSORBOARD_APP="the web interface's Apps > TensorBoard"
+# The course's server configuration, as `make lab` uses it: notebooks are saved without outputs, so that
+# running them leaves the checkout clean for the next `git pull`.
+export JUPYTER_CONFIG_PATH="$course_root/jupyter${JUPYTER_CONFIG_PATH:+:$JUPYTER_CONFIG_PATH}"
 
 if [[ -n "${COURSE_CONTAINER:-}" ]]; then
   if [[ -z "${SINGULARITY_BIND:-}" ]] && type module >/dev/null 2>&1; then
