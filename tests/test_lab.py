@@ -22,7 +22,9 @@ def test_the_lab_settings_answer_jupyters_news_question_in_the_place_jupyterlab_
     assert set(settings) <= set(schema)  # JupyterLab's own schema for these settings
     assert settings["fetchNews"] in [choice["const"] for choice in schema["fetchNews"]["oneOf"]]
     assert settings["fetchNews"] == "false"  # "none", the default, asks in a pop-up
-    dry_run = subprocess.run(["make", "-n", "lab"], cwd=checkout_root(), capture_output=True, text=True).stdout
+    # -W: as if the course's settings had just changed, so that make shows where it copies them
+    dry_run = subprocess.run(["make", "-n", "-W", "jupyter/overrides.json", "lab"], cwd=checkout_root(),
+                             capture_output=True, text=True).stdout
     target = Path(get_app_dir()) / "settings" / "overrides.json"
     assert f"cp jupyter/overrides.json {os.path.relpath(target, checkout_root())}" in dry_run
 
@@ -40,10 +42,11 @@ def test_tensorboard_is_found_from_a_kernel_whose_path_lacks_the_venv(monkeypatc
 def _save_hook():
     """The hook that `make lab`'s server configuration installs, read from that file as Jupyter reads it."""
     from traitlets.config import Config
+    from traitlets.utils.importstring import import_item
 
     namespace = {"c": Config()}
     exec((checkout_root() / "jupyter" / "jupyter_server_config.py").read_text(), namespace)
-    return namespace["c"].FileContentsManager.pre_save_hook
+    return import_item(namespace["c"].FileContentsManager.pre_save_hook)
 
 
 def test_make_lab_starts_jupyterlab_with_the_course_configuration():

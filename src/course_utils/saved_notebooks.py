@@ -31,3 +31,9 @@ def course_form(notebook: dict[str, Any]) -> dict[str, Any]:
             if "execution_count" in output:
                 output["execution_count"] = None
     return notebook
+
+
+def pre_save_hook(model: dict[str, Any], path: str, contents_manager: Any = None, **kwargs: Any) -> None:
+    """Jupyter's ``FileContentsManager.pre_save_hook``: the course's notebooks are saved in their form."""
+    if model.get("type") == "notebook" and path.lstrip("/").startswith("notebooks/"):
+        course_form(model["content"])
