@@ -3,7 +3,9 @@ learner's checkout clean and ``git pull`` never conflicts (notebooks 00-08, thro
 
 The repository keeps each notebook in this form; JupyterLab started by ``make lab`` puts every
 notebook under ``notebooks/`` into it when it saves one (``jupyter/jupyter_server_config.py``).
-Outputs are kept only in the cells whose output the test suite compares (``# NBVAL_CHECK_OUTPUT``).
+Outputs are kept only in the cells whose output the test suite compares (``# NBVAL_CHECK_OUTPUT``);
+those carry execution count 1, since nbval compares only cells that have one, and a fixed count keeps
+the saved file the same however often the cell ran.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 CHECKED_OUTPUT = "# NBVAL_CHECK_OUTPUT"
+CHECKED_COUNT = 1
 KEPT_NOTEBOOK_METADATA = ("kernelspec",)
 
 
@@ -23,13 +26,14 @@ def course_form(notebook: dict[str, Any]) -> dict[str, Any]:
         cell["metadata"] = {}
         if cell["cell_type"] != "code":
             continue
-        cell["execution_count"] = None
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        if not source.startswith(CHECKED_OUTPUT):
+        checked = source.startswith(CHECKED_OUTPUT)
+        cell["execution_count"] = CHECKED_COUNT if checked else None
+        if not checked:
             cell["outputs"] = []
         for output in cell["outputs"]:
             if "execution_count" in output:
-                output["execution_count"] = None
+                output["execution_count"] = CHECKED_COUNT
     return notebook
 
 
