@@ -201,3 +201,18 @@ def test_phase_labels_of_short_phases_do_not_print_over_each_other():
     figure = timeline(_samples(phases, per_phase=1), title="many short phases")
     labels = [text.get_text() for text in figure.axes[0].texts]
     assert 0 < len(labels) < len(phases) and labels[0] == "epoch 1"
+
+
+def test_energy_per_image_is_the_reported_power_over_the_training_time_and_images(quick, tmp_path, monkeypatch):
+    """A stand-in nvidia-smi prints the A100 record (287.41 W on GPU 0) every sample: the summary's joules
+    per image must be that power times the iterations' measured seconds, over the images trained."""
+    from course_utils.observe.metrics import load_run
+    from course_utils.train import train
+
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\ncat '{FIXTURES / 'nvidia-smi_a100_nounits.csv'}'\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    summary = train(**{**quick, "max_steps": 6, "input_delay_ms": 60}, monitor="nvidia-smi", monitor_interval=0.05)
+    seconds = load_run(quick["out"]).iterations["seconds"].sum()
+    assert summary["joules_per_image"] == pytest.approx(287.41 * seconds / (6 * quick["batch_size"]), rel=1e-6)

@@ -35,6 +35,7 @@ def test_summary_follows_the_contract(quick_run, run_summary):
     assert summary["config"]["batch_size"] == 32 and summary["config"]["model"] == "small_cnn"
     # FLOPs counted for the model that trained; no MFU on a CPU, whose peak the table does not guess
     assert summary["training_flops_per_image"] > 1e6 and summary["mfu"] is None and summary["peak_source"] is None
+    assert summary["joules_per_image"] is None  # no monitor, no power: nothing is made up
 
 
 @pytest.mark.slow

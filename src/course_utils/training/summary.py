@@ -4,6 +4,7 @@ and for the whole job (notebooks 01-08 read it from ``summary.json``).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
@@ -65,6 +66,19 @@ def monitor_summary(monitor: Monitor) -> dict[str, Any]:
             "devices": devices_seen, "failure": monitor.failure}
 
 
+def joules_per_image(monitor: dict[str, Any] | None, times: StepTimes) -> float | None:
+    """Energy per image this process trained: its device's mean power while training, times its training
+    time, over its images. None where the device reports no power (a CPU, an MI250X's secondary GCD);
+    on an MI250X's primary GCD the power is the whole module's, both GCDs."""
+    if not monitor or not monitor["devices"] or not times.images:
+        return None
+    mine = next((row for row in monitor["devices"] if row["this_process"]), monitor["devices"][0])
+    watts = mine["power_watts"]
+    if watts is None or math.isnan(watts):
+        return None
+    return watts * sum(times.seconds) / sum(times.images)
+
+
 def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_records: list[dict[str, Any]],
                 monitor: Monitor | None, resumed_from: str | None) -> dict[str, Any]:
     """The whole job's summary, the same on every rank (every rank takes part in gathering it)."""
@@ -78,6 +92,7 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
     work = flops.training_flops_per_image(
         lambda: models.build(cfg.model, num_classes=NUM_CLASSES, image_size=cfg.image_size), cfg.image_size)
     peak = flops.peak_tflops(devices.device_name(device), cfg.amp)
+    watched = monitor_summary(monitor) if monitor is not None else None
     return {
         "images_per_second": rate,
         "warmup_steps": skip,
@@ -112,7 +127,8 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         # DataParallel fills several GPUs from one process: GPU 0 holds more (outputs, gathered gradients).
         "peak_memory_per_gpu_mib": ([devices.peak_memory_mib(torch.device("cuda", i))
                                      for i in range(torch.cuda.device_count())] if device.type == "cuda" else None),
-        "monitor": monitor_summary(monitor) if monitor is not None else None,
+        "monitor": watched,
+        "joules_per_image": joules_per_image(watched, times),
         "resumed_from": resumed_from,
         "config": asdict(cfg),
     }
