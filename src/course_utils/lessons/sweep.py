@@ -8,6 +8,7 @@ not fit in memory is a result, "out of memory", not a crash.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import pandas as pd
@@ -38,16 +39,22 @@ def _peak_memory_mib(device: torch.device, frame: pd.DataFrame) -> float | None:
     return frame["memory_used_mib"].max() if not frame.empty else None
 
 
+@functools.cache
+def _model_size(model: str, image_size: int) -> tuple[int, float]:
+    """Parameters and training GFLOP per image of ``model``: counted once per model, not once per batch size."""
+    return (models.count_parameters(models.build(model, image_size=image_size)),
+            flops.training_flops_per_image(lambda: models.build(model, image_size=image_size), image_size) / 1e9)
+
+
 def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 2, image_size: int = 32,
                     monitor_backend: str = "auto", interval: float = 0.2, **train_options) -> dict:
     """Train ``model`` at ``batch_size`` for ``warmup`` + ``steps`` iterations and report on the timed ones.
 
     ``train_options`` (``amp="bf16"``, ``channels_last=True``, ...) go to the training set-up.
     """
-    row = {"model": model, "batch_size": batch_size, "status": "ok",
-           "parameters": models.count_parameters(models.build(model, image_size=image_size)),
-           "training_gflops_per_image": flops.training_flops_per_image(
-               lambda: models.build(model, image_size=image_size), image_size) / 1e9}
+    parameters, gflops = _model_size(model, image_size)
+    row = {"model": model, "batch_size": batch_size, "status": "ok", "parameters": parameters,
+           "training_gflops_per_image": gflops}
     setup = None
     try:
         setup = prepare(TrainOptions(model=model, batch_size=batch_size, data="synthetic", train_samples=batch_size,
