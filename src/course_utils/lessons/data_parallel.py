@@ -87,15 +87,15 @@ def parallel_shape(gpus: int | None = None) -> ParallelShape:
     return ParallelShape(gpus, gpus, "auto") if gpus >= 2 else ParallelShape(gpus, CPU_RANKS, "cpu")
 
 
-def run_ddp(nproc: int, out: Path, echo: bool = False, **options: Any) -> dict[str, Any]:
-    """``options`` trained with DDP on ``nproc`` ranks under torchrun; the run's summary, or an error
-    with the end of torchrun's output when a rank failed."""
-    result = launch(nproc, "course_utils.train", *to_flags(**{**SCRATCH, **options}, distributed="ddp",
+def run_ranks(nproc: int, out: Path, echo: bool = False, distributed: str = "ddp", **options: Any) -> dict[str, Any]:
+    """``options`` trained with DDP (or FSDP) on ``nproc`` ranks under torchrun; the run's summary, or an
+    error with the end of torchrun's output when a rank failed."""
+    result = launch(nproc, "course_utils.train", *to_flags(**{**SCRATCH, **options}, distributed=distributed,
                                                            out=out),
                     log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=echo)
     if not result.ok:
         tail = "\n".join(result.lines[-15:])
-        raise RuntimeError(f"DDP on {nproc} ranks failed (exit {result.returncode}):\n{tail}")
+        raise RuntimeError(f"{distributed.upper()} on {nproc} ranks failed (exit {result.returncode}):\n{tail}")
     return result.summary
 
 
@@ -139,7 +139,7 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
                              dp_devices))
         elif mode == "ddp":
             reusable = ddp_summary is not None and ddp_summary["world_size"] == ddp_ranks
-            summary = ddp_summary if reusable else run_ddp(ddp_ranks, out / "ddp", batch_size=batch, **common)
+            summary = ddp_summary if reusable else run_ranks(ddp_ranks, out / "ddp", batch_size=batch, **common)
             rows.append(_row(f"DDP, {summary['world_size']} ranks", summary, summary["world_size"]))
         else:
             raise ValueError(f"unknown mode {mode!r}; choose from none, dp, ddp")
@@ -177,7 +177,7 @@ def ddp_equals_large_batch(models: Sequence[str] = ("small_cnn_gn", "small_cnn")
               **options}
     rows = []
     for model in tqdm(models, desc="models", unit="model"):
-        run_ddp(nproc, out / f"{model}-ddp", model=model, batch_size=batch, **common)
+        run_ranks(nproc, out / f"{model}-ddp", model=model, batch_size=batch, **common)
         train(**common, model=model, batch_size=batch * nproc, out=out / f"{model}-large")
         train(**common, model=model, batch_size=batch, out=out / f"{model}-small")
         ddp = _weights(out / f"{model}-ddp")
@@ -205,7 +205,7 @@ def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None 
     out = Path(out or config.runs_dir() / "ddp-knobs")
     rows = []
     for index, (name, knob) in enumerate(tqdm((knobs or DDP_KNOBS).items(), desc="settings", unit="run")):
-        summary = run_ddp(nproc, out / f"setting-{index}", max_steps=steps, **options, **knob)
+        summary = run_ranks(nproc, out / f"setting-{index}", max_steps=steps, **options, **knob)
         rows.append({"setting": name, "images_per_second": summary["images_per_second"],
                      "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in summary["per_rank"]),
                      "global_batch": summary["global_batch_size"]})

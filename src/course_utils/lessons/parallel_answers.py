@@ -1,4 +1,4 @@
-"""Answer cells of notebooks 06-08 (data parallelism and scaling), written from the tables just measured."""
+"""Answer cells of notebooks 06-09 (data parallelism, scaling, sharding), written from the tables just measured."""
 
 from __future__ import annotations
 
@@ -120,3 +120,33 @@ def allreduce_answer(table: pd.DataFrame) -> str:
         "direction, Infinity Fabric between MI250X GCDs 50-200 GB/s, a Slingshot-11 port 25 GB/s. Far below "
         "the link means the transport is not the one you think (NCCL_DEBUG=INFO tells).",
     ])
+
+
+def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:
+    """Markdown: what sharding saved per rank and what activation checkpointing traded, from the ladder."""
+    rows = ladder.set_index("rung")
+    ddp, fsdp, recomputed = (rows.loc[name] for name in ("DDP", "FSDP", "FSDP + activation checkpointing"))
+    state = ["parameters_mib", "gradients_mib", "optimizer_state_mib"]
+    ddp_state, fsdp_state = ddp[state].sum(), fsdp[state].sum()
+    recompute_cost = recomputed["images_per_second"] / fsdp["images_per_second"] - 1
+    lines = [
+        f"- Measured on {where}.",
+        f"- DDP keeps the whole model's state on every rank: **{ddp_state:.1f} MiB** of parameters, gradients and "
+        f"optimizer state. FSDP over {int(fsdp['ranks'])} ranks keeps **{fsdp_state:.1f} MiB** per rank "
+        f"({fsdp_state / ddp_state:.0%} of it): each rank holds its shard, and the whole of a block only while "
+        "that block runs.",
+        f"- The saved activations did not shrink with sharding (**{ddp['activations_mib']:.1f}** MiB under DDP, "
+        f"**{fsdp['activations_mib']:.1f}** under FSDP): each rank still trains its whole batch through the whole "
+        "model. Activation checkpointing cut them to "
+        f"**{recomputed['activations_mib']:.1f} MiB** ({recomputed['activations_mib'] / fsdp['activations_mib']:.0%}), "
+        f"for a second forward pass of every block: **{recomputed['images_per_second']:.0f}** images/s against "
+        f"**{fsdp['images_per_second']:.0f}** ({recompute_cost:+.0%}).",
+        f"- FSDP ran at **{fsdp['images_per_second']:.0f}** images/s against DDP's **{ddp['images_per_second']:.0f}** "
+        f"({fsdp['images_per_second'] / ddp['images_per_second'] - 1:+.0%}): it all-gathers every block's parameters "
+        "in the forward and again in the backward pass, and reduce-scatters the gradients, where DDP only "
+        "all-reduces gradients.",
+    ]
+    if "skipped" in rows and rows["skipped"].notna().any():
+        skipped = rows[rows["skipped"].notna()]
+        lines.append("- Not measured here: " + "; ".join(f"{name} ({why})" for name, why in skipped["skipped"].items()))
+    return "\n".join(lines)

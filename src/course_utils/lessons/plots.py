@@ -1,4 +1,4 @@
-"""The figures the notebooks share: runs, sweeps and profiles (every notebook, 00-08)."""
+"""The figures the notebooks share: runs, sweeps and profiles (every notebook, 00-09)."""
 
 from __future__ import annotations
 
@@ -249,3 +249,27 @@ def allreduce_bandwidth(table: pd.DataFrame) -> Figure:
 def lr_scaling(table: pd.DataFrame) -> Figure:
     """Training loss of each learning-rate case against the epochs seen, overlaid."""
     return _loss_curves(table, "case", "Large batch: learning rate and warm-up", in_epochs=True)
+
+
+def memory_ladder(table: pd.DataFrame) -> Figure:
+    """Memory per rank by kind, stacked, for each rung of the ladder; its speed beside it."""
+    measured = table.dropna(subset=["total_mib"]) if "total_mib" in table else table.iloc[:0]
+    kinds = [("parameters_mib", "parameters"), ("gradients_mib", "gradients"),
+             ("optimizer_state_mib", "optimizer state"), ("activations_mib", "saved activations")]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    start = pd.Series(0.0, index=measured.index)
+    for column, label in kinds:
+        left.barh(measured["rung"], measured[column], left=start, label=label)
+        start += measured[column]
+    peaks = measured.dropna(subset=["peak_allocated_mib"])
+    if len(peaks):
+        left.scatter(peaks["peak_allocated_mib"], peaks["rung"], marker="|", s=300, color="black",
+                     label="allocator's peak", zorder=3)
+    left.invert_yaxis()
+    left.set(xlabel="MiB per rank", title="Memory of one training step, per rank")
+    left.legend(fontsize=7, loc="lower right")
+    right.barh(measured["rung"], measured["images_per_second"], color="tab:gray")
+    right.invert_yaxis()
+    right.set(xlabel="images per second (all ranks)", title="Speed", yticklabels=[])
+    fig.tight_layout()
+    return fig

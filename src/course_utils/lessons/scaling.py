@@ -23,7 +23,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from course_utils import config
-from course_utils.lessons.data_parallel import run_ddp
+from course_utils.lessons.data_parallel import run_ranks
 from course_utils.run_folder import RunFolder
 from course_utils.training.options import changed_options
 
@@ -81,7 +81,7 @@ def study(ranks: Sequence[int], mode: str = "weak", out: str | Path | None = Non
         if reuse and count in reuse:
             summaries.append(RunFolder(reuse[count]).read_summary())
             continue
-        summaries.append(run_ddp(count, out / f"ranks-{count}", echo=echo, **train_options,
+        summaries.append(run_ranks(count, out / f"ranks-{count}", echo=echo, **train_options,
                                  batch_size=per_rank_batch(mode, batch, count)))
     return table(summaries)
 

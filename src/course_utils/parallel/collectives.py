@@ -40,6 +40,21 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(value.item())
 
 
+def barrier() -> None:
+    """Wait until every rank arrives here (a file one rank wrote is then there for all)."""
+    if active():
+        dist.barrier()
+
+
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest ``value`` of all ranks, on every rank."""
+    if not active():
+        return value
+    tensor = torch.tensor([value], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def gather(value: Any) -> list[Any]:
     """Every rank's ``value`` (picklable), in rank order, on every rank."""
     if not active():

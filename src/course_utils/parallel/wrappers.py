@@ -1,11 +1,13 @@
-"""How one model is spread over devices: not at all, DataParallel, or DistributedDataParallel
-(notebooks 06-08; every run picks one with ``--distributed``).
+"""How one model is spread over devices: not at all, DataParallel, DistributedDataParallel or FSDP
+(notebooks 06-09; every run picks one with ``--distributed``).
 
 DataParallel (``dp``) is one process that copies the model to every visible GPU in each forward
 pass, splits the batch, and gathers outputs and gradients on GPU 0. DistributedDataParallel
 (``ddp``) is one process per device; each keeps its own replica and only gradients travel,
-all-reduced in buckets while the backward pass is still running. Values reduced over the ranks,
-which need nothing at all with a single process, are in :mod:`course_utils.parallel.collectives`.
+all-reduced in buckets while the backward pass is still running. FSDP (``fsdp``) is one process per
+device too, but each holds only a shard of the model: see :mod:`course_utils.parallel.sharding`.
+Values reduced over the ranks, which need nothing at all with a single process, are in
+:mod:`course_utils.parallel.collectives`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-PARALLEL_MODES = ("none", "dp", "ddp")
+PARALLEL_MODES = ("none", "dp", "ddp", "fsdp")
+ONE_PROCESS_PER_DEVICE = ("ddp", "fsdp")  # the modes that run under torchrun or srun
 
 
 @dataclass(frozen=True)
@@ -36,11 +39,9 @@ def wrap(model: nn.Module, mode: str, device: torch.device, options: DDPOptions 
     if mode == "dp":
         # On a machine without GPUs DataParallel calls the module directly: the same numbers, one device.
         return nn.DataParallel(model)
-    if mode != "ddp":
-        raise ValueError(f"unknown --distributed {mode!r}; choose one of: {', '.join(PARALLEL_MODES)}")
+    if mode != "ddp":  # fsdp shards the model in place: course_utils.parallel.sharding.shard
+        raise ValueError(f"wrap() spreads a model by none, dp or ddp, not {mode!r}")
     if options.sync_bn:
-        if device.type != "cuda":
-            raise ValueError("--sync-bn needs GPUs: SyncBatchNorm runs on CUDA/ROCm devices only; leave it off on CPU")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,

@@ -1,4 +1,4 @@
-"""Checkpoints written so that nothing is lost (notebooks 07-08, and every run that checkpoints).
+"""Checkpoints written so that nothing is lost (notebooks 07-09, and every run that checkpoints).
 
 Each is written whole or not at all (:mod:`course_utils.atomic_files`): a run killed in the middle
 of a write, or a full disk, leaves the previous checkpoint intact. A run keeps its last K
@@ -6,6 +6,10 @@ checkpoints as ``step-NNNNNNNN.pt`` and ``last.pt``, a copy of the newest: indep
 that damage to one (a disk error, a file overwritten in place) leaves the others to resume from.
 Loading uses ``weights_only=True``: a checkpoint is data, not code; a file that is not a whole
 checkpoint raises :class:`DamagedCheckpoint`, which names it.
+
+An FSDP run's checkpoint is a folder, ``step-NNNNNNNN.dcp``, of every rank's shards with the rest of
+the run's state in ``extra.pt`` (:mod:`course_utils.training.sharded_checkpoint` writes and reads
+the shards); both layouts share the names, the order and the clean-up below.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ import torch
 from course_utils.atomic_files import write_atomic
 from course_utils.run_folder import LAST_CHECKPOINT
 
+SHARDED_SUFFIX = ".dcp"  # a folder of shards written by torch.distributed.checkpoint
+SHARDED_EXTRA = "extra.pt"  # in that folder: everything but the model and optimizer
+SHARDED_METADATA = ".metadata"  # in that folder: written last, when every rank's shards are in place
+
 
 class DamagedCheckpoint(RuntimeError):
     """A file that is not a whole checkpoint: truncated, overwritten, or holding more than data."""
@@ -33,8 +41,18 @@ def save_atomic(state: dict[str, Any], path: Path) -> Path:
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint without executing anything from it; :class:`DamagedCheckpoint` names a bad file."""
+    """Read a checkpoint without executing anything from it; :class:`DamagedCheckpoint` names a bad file.
+    Of a sharded checkpoint (a folder) this reads all but the shards: see :mod:`.sharded_checkpoint`."""
     path = Path(path)
+    if path.is_dir():
+        if not (path / SHARDED_METADATA).is_file() or not (path / SHARDED_EXTRA).is_file():
+            raise DamagedCheckpoint(f"{path} is not a whole sharded checkpoint (its {SHARDED_METADATA} or "
+                                    f"{SHARDED_EXTRA} is missing)")
+        return _read(path / SHARDED_EXTRA, map_location, must_hold="step")
+    return _read(path, map_location, must_hold="model")
+
+
+def _read(path: Path, map_location: str | torch.device, must_hold: str) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile) as error:
@@ -43,13 +61,32 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
                                     "since loading it could run code") from error
         raise DamagedCheckpoint(f"{path} is damaged: {path.stat().st_size} bytes that are not a whole PyTorch "
                                 "checkpoint (truncated or overwritten)") from error
-    if not isinstance(state, dict) or "model" not in state:
-        raise DamagedCheckpoint(f"{path} is not a checkpoint of this course's training command (no model state)")
+    if not isinstance(state, dict) or must_hold not in state:
+        raise DamagedCheckpoint(f"{path} is not a checkpoint of this course's training command (no {must_hold})")
     return state
 
 
-def step_path(folder: Path, step: int) -> Path:
-    return Path(folder) / f"step-{step:08d}.pt"
+def step_path(folder: Path, step: int, sharded: bool = False) -> Path:
+    return Path(folder) / f"step-{step:08d}{SHARDED_SUFFIX if sharded else '.pt'}"
+
+
+def _step_checkpoints(folder: Path) -> list[Path]:
+    """The step checkpoints in ``folder``, files and sharded folders, oldest first."""
+    return sorted([*Path(folder).glob("step-*.pt"), *Path(folder).glob(f"step-*{SHARDED_SUFFIX}")],
+                  key=lambda path: path.name)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_oldest(folder: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` step checkpoints."""
+    for old in _step_checkpoints(folder)[:-keep]:
+        _remove(old)
 
 
 def save_keeping(state: dict[str, Any], folder: Path, step: int, keep: int = 2) -> Path:
@@ -59,8 +96,7 @@ def save_keeping(state: dict[str, Any], folder: Path, step: int, keep: int = 2) 
     path = save_atomic(state, step_path(folder, step))
     with open(path, "rb") as source:
         write_atomic(folder / LAST_CHECKPOINT, lambda stream: shutil.copyfileobj(source, stream))
-    for old in sorted(folder.glob("step-*.pt"))[:-keep]:
-        old.unlink()
+    remove_oldest(folder, keep)
     return path
 
 
@@ -80,20 +116,21 @@ def candidates(folder: Path) -> list[Path]:
     """The checkpoints in ``folder``, newest first: ``last.pt``, then the step files."""
     folder = Path(folder)
     last = [folder / LAST_CHECKPOINT] if (folder / LAST_CHECKPOINT).is_file() else []
-    return last + sorted(folder.glob("step-*.pt"), reverse=True)
+    return last + _step_checkpoints(folder)[::-1]
 
 
 def remove_partial(folder: Path) -> list[Path]:
-    """Delete the temporary files of writes that were killed half-way (call before writing again)."""
+    """Delete the temporary files (and shard folders) of writes that were killed half-way (call before
+    writing again)."""
     partial = sorted(Path(folder).glob(".*.tmp"))
     for path in partial:
-        path.unlink(missing_ok=True)
+        _remove(path)
     return partial
 
 
 def remove_all(folder: Path) -> list[Path]:
     """Delete every checkpoint in ``folder`` (a new run replacing an old one); returns what was there."""
-    found = sorted(Path(folder).glob("step-*.pt")) + sorted(Path(folder).glob(LAST_CHECKPOINT))
+    found = _step_checkpoints(folder) + sorted(Path(folder).glob(LAST_CHECKPOINT))
     for path in found:
-        path.unlink()
+        _remove(path)
     return found

@@ -1,4 +1,4 @@
-"""Test loss and accuracy of the model, over every rank's share of the test set (notebooks 01-08)."""
+"""Test loss and accuracy of the model, over every rank's share of the test set (notebooks 01-09)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,31 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from course_utils.parallel.collectives import sum_over_ranks
+from course_utils.parallel.collectives import max_over_ranks, sum_over_ranks
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, device: torch.device,
              on_device: Callable[[torch.Tensor], torch.Tensor] | None = None,
-             sharded: bool = False) -> dict[str, float]:
+             sharded: bool = False, lockstep: bool = False) -> dict[str, float]:
     """Test loss, top-1 and top-5 accuracy in percent; with ``sharded`` each rank scores its share
-    and the sums are added over the ranks, so every rank returns the scores of the whole test set."""
+    and the sums are added over the ranks, so every rank returns the scores of the whole test set.
+    With ``lockstep`` (FSDP, whose forward is a collective) every rank runs as many forward passes as
+    the rank with the most batches: the others add passes over no images."""
     model.eval()
     sums = torch.zeros(4, device=device)  # loss, top-1 hits, top-5 hits, images
+    batches = 0
     for images, labels in loader:
+        batches += 1
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         logits = model(on_device(images) if on_device is not None else images)
         best = logits.topk(min(5, logits.shape[1]), dim=1).indices
         hits = best == labels[:, None]
         sums += torch.stack([nn.functional.cross_entropy(logits.float(), labels, reduction="sum"),
                              hits[:, 0].sum(), hits.any(dim=1).sum(), torch.tensor(len(labels), device=device)])
+    if lockstep:
+        for _ in range(max_over_ranks(batches, device) - batches):
+            model(images[:0].to(device))
     model.train()
     if sharded:
         sum_over_ranks(sums)

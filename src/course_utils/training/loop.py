@@ -1,5 +1,5 @@
 """The loop over epochs of one run, told as a short story: train the epoch, evaluate, report, checkpoint
-(notebooks 01-08, through :func:`course_utils.train.train` and ``python -m course_utils.train``).
+(notebooks 01-09, through :func:`course_utils.train.train` and ``python -m course_utils.train``).
 
 Every rank runs it; rank 0 alone writes metrics, TensorBoard events, checkpoints and the summary.
 What it needs lives beside it: the plan and learning rate in :mod:`.schedule`, the state a
@@ -17,8 +17,10 @@ import torch
 
 from course_utils import devices
 from course_utils.observe.clocks import StepClock
+from course_utils.observe.memory import StepMemory, measure_step
 from course_utils.observe.metrics import MetricsWriter
 from course_utils.parallel.collectives import any_rank, gather, mean_over_ranks
+from course_utils.parallel.sharding import is_sharded
 from course_utils.run_folder import RunFolder
 from course_utils.training import checkpoint, preemption
 from course_utils.training.evaluate import evaluate
@@ -70,6 +72,7 @@ class Loop:
                              "resume; raise --epochs or --max-steps to train further, or choose another --out")
         self.clock = StepClock(setup.device)
         self.times = StepTimes()
+        self.step_memory: StepMemory | None = None  # of the first step this process trains
         self._exits = contextlib.ExitStack()
 
     def __enter__(self) -> Loop:
@@ -102,7 +105,7 @@ class Loop:
             if self.position.step < self.plan.total_steps and self._stop_requested(at_log_point=True):
                 self._preempt()
         summary = run_summary(self.setup, self.plan, self.times, self.position.step, self.epoch_records,
-                              self.observers.monitor, self.state.resumed_from)
+                              self.observers.monitor, self.state.resumed_from, self.step_memory)
         self.writer.summary(summary)
         return summary
 
@@ -124,7 +127,7 @@ class Loop:
                 exhausted = True  # the loader ran out before the plan's steps
                 break
             interval.data_seconds.append(time.perf_counter() - fetch_start)
-            loss = train_step(setup, micro_batches, self.observers.ranges)
+            loss = self._train_step(micro_batches)
             self.scheduler.step()
             self.clock.lap()
             self.observers.stepped()
@@ -137,6 +140,18 @@ class Loop:
         finished = exhausted or position.epoch_step == self.plan.steps_per_epoch
         return EpochResult(position.epoch_step, position.epoch_step - first_step, seconds, train_loss, finished)
 
+    def _train_step(self, micro_batches: list) -> torch.Tensor:
+        """One step; the first one this process trains also measures its memory, by kind."""
+        setup = self.setup
+        if self.step_memory is not None:
+            return train_step(setup, micro_batches, self.observers.ranges)
+        # A compiled model saves its activations inside its graph, where the hooks cannot count them.
+        with measure_step(setup.model, setup.optimizer, setup.device, setup.recomputed, len(micro_batches),
+                          activations=not self.cfg.compile) as measured:
+            loss = train_step(setup, micro_batches, self.observers.ranges)
+        self.step_memory = measured[0]
+        return loss
+
     def evaluate(self, epoch: int) -> dict[str, float]:
         """Test loss and accuracy on the whole test set, and how long that took."""
         setup = self.setup
@@ -144,7 +159,7 @@ class Loop:
         start = time.perf_counter()
         with setup.autocast():
             scores = evaluate(setup.model, setup.loaders.test, setup.device, setup.loaders.test_on_device,
-                              setup.loaders.test_sharded)
+                              setup.loaders.test_sharded, lockstep=is_sharded(setup.model))
         return {**scores, "eval_seconds": time.perf_counter() - start}
 
     def report(self, epoch: int, result: EpochResult, scores: dict[str, float]) -> None:
@@ -217,6 +232,10 @@ class Loop:
         if self.state.resumed_from:
             self.observers.say(f"resuming from {self.state.resumed_from}: step {position.step}, epoch "
                                f"{position.epoch + 1}, {position.epoch_step} steps into it")
+        if self.state.resharded_from:
+            self.observers.say(f"resharded: written by {self.state.resharded_from} ranks, continued by "
+                               f"{self.setup.where.world_size} with the same global batch and sample order; "
+                               "random augmentations are drawn anew")
         elif self.cfg.resume:
             self.observers.say(f"no checkpoint in {folder.checkpoints} yet: starting from the beginning")
 

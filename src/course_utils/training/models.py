@@ -71,6 +71,13 @@ def build(name: str, num_classes: int = 100, image_size: int = 32) -> nn.Module:
     raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
 
 
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated units of ``model``: a ResNet's residual blocks, the small CNNs' convolution blocks.
+    FSDP shards each on its own, and activation checkpointing recomputes each (notebook 09)."""
+    residual = [m for m in model.modules() if isinstance(m, (tv_models.resnet.BasicBlock, tv_models.resnet.Bottleneck))]
+    return residual or [m for m in model.children() if isinstance(m, nn.Sequential)]
+
+
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
     """The number of (trainable) parameters: what "model size" means in the course."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

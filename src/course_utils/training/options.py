@@ -1,4 +1,4 @@
-"""Every option of a training run, written once (notebooks 01-08, job scripts, benchmarks).
+"""Every option of a training run, written once (notebooks 01-09, job scripts, benchmarks).
 
 The fields of :class:`TrainOptions`, with their help text and choices, are the one source of truth:
 the command line of ``python -m course_utils.train`` (:func:`build_parser`), the keyword arguments
@@ -97,7 +97,11 @@ class TrainOptions:
     progress: bool = option(True, "a progress bar (--no-progress for batch jobs)")
     distributed: str = option("none", "none: one device; dp: nn.DataParallel over the visible GPUs in this "
                               "process; ddp: DistributedDataParallel, one process per device (start it with "
-                              "torchrun or srun; alone it makes a group of one)", choices=PARALLEL_MODES)
+                              "torchrun or srun; alone it makes a group of one); fsdp: FSDP2, one process per "
+                              "device, each holding a shard of the model (2+ processes)", choices=PARALLEL_MODES)
+    activation_checkpointing: bool = option(False, "keep only each block's input for the backward pass and "
+                                            "recompute the block there: less memory, more compute")
+    offload: bool = option(False, "FSDP on GPUs: keep the parameter shards and optimizer state in host memory")
     bucket_cap_mb: float = option(25.0, "DDP: size of the gradient buckets all-reduced together",
                                  above=0)
     gradient_as_bucket_view: bool = option(False, "DDP: gradients live inside the communication buckets, saving "

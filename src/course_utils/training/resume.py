@@ -1,4 +1,4 @@
-"""Resuming a run exactly where it stopped: what a checkpoint holds besides the weights (notebooks 07-08).
+"""Resuming a run exactly where it stopped: what a checkpoint holds besides the weights (notebooks 07-09).
 
 For a CPU run to continue bit for bit, the resumed process must see the same numbers the
 uninterrupted one would have: the optimizer's momentum, the scheduler's position, every random
@@ -7,6 +7,10 @@ and the position in the epoch's sample order. The order itself needs no storing:
 the seed and the epoch (see :func:`course_utils.data.loaders.shard_sampler`), so the resumed run
 replays the epoch's first batches through the loader without training on them, and its workers
 draw the same augmentations.
+
+A run may continue on another number of ranks when its global batch stays the same (say 2 ranks of
+16 images continued by 4 ranks of 8): every step then trains on the same images as before, since
+the ranks' shares of the sample order interleave. The random augmentations are drawn anew.
 """
 
 from __future__ import annotations
@@ -21,15 +25,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from course_utils.parallel.collectives import gather, mean_over_ranks
+from course_utils.parallel.collectives import any_rank, gather, mean_over_ranks
+from course_utils.parallel.sharding import local_tensor
 from course_utils.run_folder import LAST_CHECKPOINT, RunFolder
-from course_utils.training import checkpoint
+from course_utils.training import checkpoint, sharded_checkpoint
 from course_utils.training.setup import Setup
 
 # Settings that must match for the sample order, the step count and the optimization to continue where they
-# stopped (the restored optimizer keeps its own learning rate, momentum and weight decay). Longer training
-# (--epochs, --max-steps) and how fast it runs (workers, layout, compile) may change.
-SAME_TRAINING = ("model", "image_size", "batch_size", "grad_accum", "seed", "train_samples", "data", "loader",
+# stopped (the restored optimizer keeps its own learning rate, momentum and weight decay), besides the global
+# batch. Longer training (--epochs, --max-steps) and how fast it runs (workers, layout, compile) may change.
+SAME_TRAINING = ("model", "image_size", "seed", "train_samples", "data", "loader",
                  "lr", "momentum", "weight_decay", "warmup_epochs", "amp", "augment")
 
 
@@ -85,16 +90,33 @@ def find(resume: str, checkpoint_dir: Path,
     return None
 
 
+def _global_batch(config: dict[str, Any], world_size: int) -> str:
+    batch = config["batch_size"] * config["grad_accum"] * world_size
+    return f"{world_size} rank(s) x {config['batch_size']} images x {config['grad_accum']} micro-batch(es) = {batch}"
+
+
 def check_same_training(saved: dict[str, Any], current: dict[str, Any], world_size: int, saved_world: int,
                         path: Path) -> None:
     """Refuse a checkpoint of another training, naming the setting that differs."""
     different = [f"{name}: {saved.get(name)!r} in the checkpoint, {current.get(name)!r} now"
                  for name in SAME_TRAINING if saved.get(name) != current.get(name)]
-    if saved_world != world_size:
-        different.append(f"ranks: {saved_world} in the checkpoint, {world_size} now")
+    before, now = _global_batch(saved, saved_world), _global_batch(current, world_size)
+    if before.rsplit(" ", 1)[1] != now.rsplit(" ", 1)[1]:
+        different.append(f"global batch: {before} in the checkpoint, {now} now")
     if different:
         raise ValueError(f"{path} is a checkpoint of another training ({'; '.join(different)}); resume with the "
                          f"same settings, or start a new run with a different --out")
+
+
+def check_same_layout(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
+    """Refuse a whole-model checkpoint in an FSDP run, and a sharded one in any other."""
+    sharded, wanted = Path(path).is_dir(), current["distributed"] == "fsdp"
+    if sharded == wanted:
+        return
+    kinds = {True: "a folder of shards", False: "one file with the whole model"}
+    raise ValueError(f"{path} is {kinds[sharded]}, written by a --distributed {saved['distributed']} run; this run "
+                     f"is --distributed {current['distributed']}, which resumes from {kinds[wanted]}: resume with "
+                     f"--distributed {saved['distributed']}, or start a new run with another --out")
 
 
 @dataclass
@@ -132,7 +154,9 @@ class RunState:
         self.folder = RunFolder(setup.cfg.out)
         self.resumed_from: str | None = None
         self.skipped: list[str] = []  # why ``--resume auto`` passed over newer checkpoints
+        self.resharded_from: int | None = None  # the number of ranks that wrote the checkpoint, when not this one
         self._restore: dict[str, Any] | None = None  # this rank's generators, until the first epoch uses them
+        self._replay_steps = 0  # steps of the first epoch trained before the checkpoint, replayed by the loader
         self._epoch_start_loader: torch.Tensor | None = None  # the loader's generator before this epoch's iter()
 
     def resume(self, option: str) -> Position | None:
@@ -143,12 +167,20 @@ class RunState:
         if found is None:
             return None
         path, state, self.skipped = found
-        check_same_training(state["config"], asdict(setup.cfg), setup.where.world_size, state["world_size"], path)
-        setup.model.load_state_dict(state["model"])
-        setup.optimizer.load_state_dict(state["optimizer"])
+        current = asdict(setup.cfg)
+        check_same_layout(state["config"], current, path)
+        check_same_training(state["config"], current, setup.where.world_size, state["world_size"], path)
+        if path.is_dir():
+            sharded_checkpoint.load_model_and_optimizer(path, setup.model, setup.optimizer)
+        else:
+            setup.model.load_state_dict(state["model"])
+            setup.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         setup.scaler.load_state_dict(state["scaler"])
-        self._restore = state["ranks"][setup.where.rank]
+        self.resharded_from = state["world_size"] if state["world_size"] != setup.where.world_size else None
+        # On another number of ranks the generators of the old ranks do not fit the new ones: drawn anew.
+        self._restore = None if self.resharded_from else state["ranks"][setup.where.rank]
+        self._replay_steps = state["epoch_step"]
         self.resumed_from = str(path)
         return Position(state["step"], state["epoch"], state["epoch_step"],
                         torch.full((), state["epoch_loss_sum"], device=setup.device))
@@ -160,10 +192,11 @@ class RunState:
             loaders.order_generator.set_state(restore["loader"])
         self._epoch_start_loader = generator_state(loaders.order_generator)
         batches = iter(loaders.train)
+        # Replay the batches trained before the checkpoint: same order, same augmentations.
+        for _ in range(self._replay_steps * self.setup.cfg.grad_accum):
+            next(batches)
+        self._replay_steps = 0
         if restore is not None:
-            # Replay the batches trained before the checkpoint: same order, same augmentations.
-            for _ in range(position.epoch_step * self.setup.cfg.grad_accum):
-                next(batches)
             set_rng_state(restore["rng"])
             if restore["augment"] is not None:
                 loaders.augment_generator.set_state(restore["augment"])
@@ -181,21 +214,24 @@ class RunState:
             "loader": self._epoch_start_loader if position.epoch_step else generator_state(
                 setup.loaders.order_generator),
             "augment": generator_state(setup.loaders.augment_generator)})
-        if setup.where.is_main:
-            checkpoint.save_keeping(
-                {"model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
+        extra = {"scheduler": self.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
                  "epoch": position.epoch, "epoch_step": position.epoch_step, "step": position.step,
                  "epoch_loss_sum": position.epoch_loss_sum.item(), "world_size": setup.where.world_size,
-                 "config": asdict(setup.cfg), "ranks": ranks},
-                self.folder.checkpoints, position.step, keep)
+                 "config": asdict(setup.cfg), "ranks": ranks}
+        if setup.cfg.distributed == "fsdp":  # every rank writes its shards
+            sharded_checkpoint.save_keeping(setup.model, setup.optimizer, extra, self.folder.checkpoints,
+                                            position.step, keep, setup.where.is_main)
+        elif setup.where.is_main:
+            checkpoint.save_keeping({"model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
+                                     **extra}, self.folder.checkpoints, position.step, keep)
 
 
 def check_finite(loss: float, setup: Setup, position: Position, weights: bool = False) -> None:
     """Stop with :class:`NonFiniteLossError` when the loss (and, before a checkpoint, the weights) are no
     longer finite: a diverged run never replaces a good checkpoint."""
-    weights_finite = not weights or all(torch.isfinite(value).all() for value in setup.model.state_dict().values()
-                                        if value.is_floating_point())
+    weights_finite = not weights or not any_rank(not all(
+        torch.isfinite(local_tensor(value)).all() for value in setup.model.state_dict().values()
+        if value.is_floating_point()), setup.device)  # under FSDP each rank checks its own shards
     if math.isfinite(loss) and weights_finite:
         return
     what = f"the training loss became {loss}" if not math.isfinite(loss) else "the weights became inf or nan"

@@ -1,5 +1,5 @@
 """The set-up of a run, built once from its options: process group, device, data, model, optimizer
-(notebooks 01-08). The step is in :mod:`course_utils.training.step`, the loop over epochs in
+(notebooks 01-09). The step is in :mod:`course_utils.training.step`, the loop over epochs in
 :mod:`course_utils.training.loop`.
 """
 
@@ -17,9 +17,10 @@ from torch import nn
 from course_utils import config, devices
 from course_utils.data.datasets import NUM_CLASSES, DataSpec
 from course_utils.data.loaders import Loaders, make_loaders
-from course_utils.parallel import process_group
-from course_utils.parallel.wrappers import DDPOptions, wrap
+from course_utils.parallel import process_group, sharding
+from course_utils.parallel.wrappers import ONE_PROCESS_PER_DEVICE, DDPOptions, wrap
 from course_utils.training import models
+from course_utils.training.activation_checkpointing import checkpoint_blocks
 from course_utils.training.options import AMP_DTYPES, TrainOptions
 
 
@@ -36,16 +37,42 @@ def _pick_device(name: str) -> torch.device:
 
 
 def _join_process_group(cfg: TrainOptions) -> process_group.Placement:
-    """Join the process group for DDP; refuse a launch under torchrun/srun that would train N copies alone."""
-    if cfg.distributed == "ddp":  # ranks on the CPU talk through gloo, also on a GPU machine
+    """Join the process group for DDP and FSDP; refuse a launch under torchrun/srun that would train N
+    copies alone."""
+    if cfg.distributed in ONE_PROCESS_PER_DEVICE:  # ranks on the CPU talk through gloo, also on a GPU machine
         return process_group.join(cfg.dist_timeout, backend="gloo" if cfg.device == "cpu" else None, alone=True)
     where = process_group.placement()
     if where.distributed:
         raise ValueError(f"this process is rank {where.rank} of {where.world_size} ({where.source}), but "
                          f"--distributed is {cfg.distributed}: every rank would train alone; add --distributed ddp")
-    if cfg.sync_bn:
-        raise ValueError("--sync-bn synchronises BatchNorm over DDP ranks; use it with --distributed ddp")
     return where
+
+
+DDP_KNOBS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "sync_bn")
+
+
+def check_parallel_options(cfg: TrainOptions, world_size: int, device: torch.device) -> None:
+    """Refuse options that do not fit the way the model is spread, naming the fix."""
+    changed = [f"--{name.replace('_', '-')}" for name in DDP_KNOBS
+               if getattr(cfg, name) != TrainOptions.__dataclass_fields__[name].default]
+    if changed and cfg.distributed != "ddp":
+        raise ValueError(f"{', '.join(changed)} tune DistributedDataParallel; --distributed is {cfg.distributed}"
+                         f"{' (FSDP communicates block by block)' if cfg.distributed == 'fsdp' else ''}: "
+                         "drop them or use --distributed ddp")
+    if cfg.distributed == "fsdp" and world_size < 2:
+        raise ValueError("--distributed fsdp shards the model over 2 or more ranks and this process is alone: start "
+                         "it with torchrun --nproc-per-node 2 (or srun with 2+ tasks), or use --distributed none")
+    if cfg.offload and cfg.distributed != "fsdp":
+        raise ValueError("--offload keeps FSDP's shards and optimizer state in host memory: use it with "
+                         "--distributed fsdp")
+    if cfg.offload and device.type != "cuda":
+        raise ValueError("--offload moves FSDP's shards from GPU memory to host memory: it needs GPUs (on the CPU "
+                         "everything is in host memory already); leave it off")
+    if cfg.offload and cfg.compile:
+        raise ValueError("--offload with --compile: torch.compile cannot trace FSDP's copies between host and GPU; "
+                         "drop one of them")
+    if cfg.sync_bn and device.type != "cuda":
+        raise ValueError("--sync-bn needs GPUs: SyncBatchNorm runs on CUDA/ROCm devices only; leave it off on CPU")
 
 
 def seed_everything(seed: int) -> None:
@@ -69,6 +96,7 @@ class Setup:
     model: nn.Module  # the module itself: evaluation and checkpoints use it
     wrapped: nn.Module  # the model, or its DataParallel / DDP wrapper
     step_model: nn.Module  # what training calls: ``wrapped``, or its torch.compile'd version
+    recomputed: list[nn.Module]  # the blocks whose forward runs again in the backward (activation checkpointing)
     optimizer: torch.optim.Optimizer
     criterion: nn.Module
     scaler: torch.amp.GradScaler
@@ -118,6 +146,7 @@ def _loaders(cfg: TrainOptions, where: process_group.Placement, device: torch.de
 
 def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
     device = _pick_device(cfg.device)
+    check_parallel_options(cfg, where.world_size, device)
     # The same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's weights).
     seed_everything(cfg.seed)
     if device.type == "cuda":
@@ -127,12 +156,20 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
     model = models.build(cfg.model, num_classes=NUM_CLASSES, image_size=cfg.image_size).to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    wrapped = wrap(model, cfg.distributed, device, DDPOptions(
-        cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph, cfg.sync_bn))
+    recomputed = checkpoint_blocks(models.blocks(model)) if cfg.activation_checkpointing else []
+    wrapped = _spread(model, cfg, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay, fused=cfg.fused_optimizer or None)
     step_model = torch.compile(wrapped, mode=cfg.compile) if cfg.compile else wrapped
     # fp16 has a narrow range: small gradients underflow to zero unless the loss is scaled up first.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
-    return Setup(cfg, where, device, loaders, model, wrapped, step_model, optimizer,
+    return Setup(cfg, where, device, loaders, model, wrapped, step_model, recomputed, optimizer,
                  nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp])
+
+
+def _spread(model: nn.Module, cfg: TrainOptions, device: torch.device) -> nn.Module:
+    """The model as ``--distributed`` spreads it: sharded in place by FSDP, or wrapped (or not)."""
+    if cfg.distributed == "fsdp":
+        return sharding.shard(model, models.blocks(model), AMP_DTYPES[cfg.amp], cfg.offload)
+    return wrap(model, cfg.distributed, device, DDPOptions(
+        cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph, cfg.sync_bn))

@@ -17,6 +17,7 @@ from course_utils import devices
 from course_utils.data.datasets import NUM_CLASSES
 from course_utils.observe import flops
 from course_utils.observe.clocks import images_per_second, steady_median, warmup_steps
+from course_utils.observe.memory import StepMemory
 from course_utils.observe.monitor import Monitor
 from course_utils.parallel.collectives import gather
 from course_utils.training import models
@@ -38,8 +39,9 @@ class StepTimes:
         self.data_seconds += data_seconds
 
 
-def rank_summary(setup: Setup, times: StepTimes, steps: int, skip: int) -> dict[str, Any]:
-    """This rank's own share: its iteration count and timings."""
+def rank_summary(setup: Setup, times: StepTimes, steps: int, skip: int, memory: StepMemory | None
+                 ) -> dict[str, Any]:
+    """This rank's own share: its iteration count, timings and the memory of its first step."""
     where, device = setup.where, setup.device
     # Under Slurm the node's name, which differs from the host name where nodes are virtual.
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -48,7 +50,8 @@ def rank_summary(setup: Setup, times: StepTimes, steps: int, skip: int) -> dict[
             "images_per_second": images_per_second(times.seconds, times.images, skip),
             "steady_iteration_seconds": steady_median(times.seconds, skip),
             "data_seconds_median": statistics.median(times.data_seconds) if times.data_seconds else None,
-            "peak_memory_mib": devices.peak_memory_mib(device)}
+            "peak_memory_mib": devices.peak_memory_mib(device),
+            "step_memory_bytes": memory.as_dict() if memory else None}
 
 
 def monitor_summary(monitor: Monitor) -> dict[str, Any]:
@@ -80,12 +83,13 @@ def joules_per_image(monitor: dict[str, Any] | None, times: StepTimes) -> float 
 
 
 def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_records: list[dict[str, Any]],
-                monitor: Monitor | None, resumed_from: str | None) -> dict[str, Any]:
+                monitor: Monitor | None, resumed_from: str | None, memory: StepMemory | None
+                ) -> dict[str, Any]:
     """The whole job's summary, the same on every rank (every rank takes part in gathering it)."""
     cfg, device, world = setup.cfg, setup.device, setup.where.world_size
     # Warm-up is paid by each process: after a resume, by the steps this one trained.
     skip = warmup_steps(plan.steps_per_epoch, plan.epochs, len(times.seconds))
-    ranks = gather(rank_summary(setup, times, steps, skip))
+    ranks = gather(rank_summary(setup, times, steps, skip, memory))
     last = epoch_records[-1]
     rate = sum(r["images_per_second"] for r in ranks)  # every rank trains its own images at the same time
     dp_devices = (len(setup.wrapped.device_ids) or 1) if cfg.distributed == "dp" else None

@@ -1,0 +1,117 @@
+"""The memory ladder of notebook 09: one process, DDP, FSDP, FSDP with activation checkpointing, FSDP with
+offload, each trained for real and its memory per rank measured by kind; and the rule of thumb beside it.
+
+Every rung trains the same model at the same per-rank batch for the same steps, on the devices
+:func:`course_utils.lessons.data_parallel.parallel_shape` picks: one GPU per rank where there are two
+or more, CPU processes talking through gloo elsewhere (never two NCCL ranks on one GPU). Offload
+needs GPUs: on CPU processes its rung is left out and the table says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from course_utils import config
+from course_utils.lessons.data_parallel import SCRATCH, parallel_shape, run_ranks
+from course_utils.observe.memory import KINDS
+from course_utils.train import train
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One way to train the model, and what it keeps on each rank."""
+
+    name: str
+    distributed: str
+    options: dict[str, Any] = field(default_factory=dict)
+    needs_gpus: bool = False
+
+
+LADDER = (
+    Rung("one process", "none"),
+    Rung("DDP", "ddp"),
+    Rung("FSDP", "fsdp"),
+    Rung("FSDP + activation checkpointing", "fsdp", {"activation_checkpointing": True}),
+    Rung("FSDP + checkpointing + offload", "fsdp", {"activation_checkpointing": True, "offload": True}, True),
+)
+
+
+def _row(rung: Rung, summary: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0's memory by kind (in MiB) and the run's speed; the ranks hold the same amounts, within padding."""
+    memory = summary["per_rank"][0]["step_memory_bytes"]
+    row = {"rung": rung.name, "ranks": summary["world_size"], "device": summary["device"],
+           **{f"{kind}_mib": (memory[kind] or 0) / MIB for kind in KINDS}}
+    row["total_mib"] = sum(row[f"{kind}_mib"] for kind in KINDS)
+    row["peak_allocated_mib"] = memory["peak_allocated"] / MIB if memory["peak_allocated"] else None
+    row["images_per_second"] = summary["images_per_second"]
+    row["parameters"] = summary["parameters"]
+    return row
+
+
+def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | Path | None = None,
+          **options: Any) -> pd.DataFrame:
+    """Train every rung that runs here; one row per rung: memory per rank by kind, images per second."""
+    size = config.get_size(options.get("size"))
+    shape = parallel_shape()
+    out = Path(out or config.runs_dir() / "memory-ladder")
+    common = {"max_steps": steps or size.parallel_steps, "device": shape.device, **SCRATCH, **options}
+    rows = []
+    for index, rung in enumerate(tqdm(rungs, desc="rungs", unit="run")):
+        folder = out / f"rung-{index}"
+        if rung.needs_gpus and not shape.on_gpus:
+            rows.append({"rung": rung.name, "skipped": "needs GPUs: " + shape.describe()})
+            continue
+        if rung.distributed == "none":
+            summary = train(**common, **rung.options, out=folder)
+        else:
+            summary = run_ranks(shape.ranks, folder, distributed=rung.distributed, **common, **rung.options)
+        rows.append(_row(rung, summary))
+    return pd.DataFrame(rows)
+
+
+# Bytes per parameter of the state that stays between steps: parameter, gradient, optimizer state.
+STATE_BYTES = {
+    "fp32, SGD with momentum": (4, 4, 4),
+    "fp32, AdamW": (4, 4, 8),
+    # As the ZeRO paper counts it: bf16 parameters and gradients; an fp32 master copy and AdamW's two moments.
+    "bf16 mixed precision, AdamW": (2, 2, 4 + 8),
+}
+
+
+def bytes_per_parameter(recipe: str, ranks: int = 1, sharded: bool = False) -> float:
+    """The rule of thumb: bytes each rank keeps per parameter of the model, activations left out."""
+    total = sum(STATE_BYTES[recipe])
+    return total / ranks if sharded else total
+
+
+def largest_models(memory_gib: dict[str, float], ranks: int = 8, headroom: float = 0.8) -> pd.DataFrame:
+    """The most parameters (in billions) whose state fits in ``headroom`` of each device's memory, per recipe,
+    with DDP (every rank the whole state) and FSDP over ``ranks`` ranks. Activations need the rest."""
+    rows = []
+    for recipe in STATE_BYTES:
+        for strategy, sharded in (("DDP", False), (f"FSDP over {ranks}", True)):
+            per_parameter = bytes_per_parameter(recipe, ranks, sharded)
+            rows.append({"recipe": recipe, "strategy": strategy, "bytes_per_parameter": per_parameter,
+                         **{name: gib * 2**30 * headroom / per_parameter / 1e9 for name, gib in memory_gib.items()}})
+    return pd.DataFrame(rows)
+
+
+def rule_against_measurement(ladder: pd.DataFrame) -> pd.DataFrame:
+    """Parameters, gradients and optimizer state per rank, measured, against the rule of thumb (fp32 SGD
+    with momentum: 12 bytes per parameter, divided by the ranks under FSDP)."""
+    rows = []
+    for _, row in ladder.dropna(subset=["parameters"]).iterrows():
+        measured = (row["parameters_mib"] + row["gradients_mib"] + row["optimizer_state_mib"]) * MIB
+        sharded = "FSDP" in row["rung"]
+        rule = bytes_per_parameter("fp32, SGD with momentum", int(row["ranks"]), sharded) * row["parameters"]
+        rows.append({"rung": row["rung"], "measured_mib": measured / MIB, "rule_mib": rule / MIB,
+                     "measured_over_rule": measured / rule})
+    return pd.DataFrame(rows)

@@ -1,0 +1,132 @@
+"""FSDP2 for real: two (and four) gloo ranks on the CPU under torchrun, each holding a shard of the model;
+the same training as DDP; sharded checkpoints that resume on another number of ranks; memory by kind."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from course_utils.parallel.launch import launch
+from course_utils.run_folder import RunFolder
+from course_utils.train import train
+from course_utils.training import checkpoint
+from course_utils.training.options import to_flags
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+
+def _options(tiny_root, out, **extra) -> dict:
+    """A short deterministic run: a BatchNorm-free model, no augmentation, no workers, a loss every step."""
+    return {"size": "ci", "data_dir": tiny_root, "model": "small_cnn_gn", "train_samples": 256,
+            "test_samples": 101, "max_steps": 4, "log_every": 1, "workers": 0, "device": "cpu", "seed": 5,
+            "augment": False, "progress": False, "out": out, "batch_size": 16, **extra}
+
+
+def _launch(ranks, tiny_root, out, expect_ok=True, **extra):
+    result = launch(ranks, "course_utils.train", *to_flags(**_options(tiny_root, out, **extra)),
+                    log_dir=out.parent / f"{out.name}-logs", echo=False, timeout_seconds=300)
+    assert result.ok == expect_ok, "\n".join(result.lines[-30:])
+    return result
+
+
+def _step_losses(out) -> list[float]:
+    records = [json.loads(line) for line in RunFolder(out).metrics.read_text().splitlines()]
+    return [record["loss"] for record in records if record["kind"] == "step"]
+
+
+def _sharded_weights(folder, tmp_path) -> dict[str, torch.Tensor]:
+    """The whole model from a sharded checkpoint, gathered into one file as a learner would."""
+    target = tmp_path / f"{folder.name}.pt"
+    dcp_to_torch_save(folder, target)
+    return torch.load(target, weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tiny_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp") / "run"
+    return _launch(2, tiny_root, out, distributed="fsdp", checkpoint_every=2), out
+
+
+def test_fsdp_trains_like_ddp_and_each_rank_holds_half_the_model(fsdp_run, tiny_root, tmp_path, run_weights):
+    result, out = fsdp_run
+    ddp = tmp_path / "ddp"
+    _launch(2, tiny_root, ddp, distributed="ddp")
+    assert len(_step_losses(out)) == 4
+    assert _step_losses(out) == pytest.approx(_step_losses(ddp), rel=1e-5)
+    sharded = checkpoint.candidates(RunFolder(out).checkpoints)[0]
+    assert sharded.name == "step-00000004.dcp" and sharded.is_dir()
+    fsdp_weights, ddp_weights = _sharded_weights(sharded, tmp_path), run_weights(ddp)
+    assert fsdp_weights.keys() == ddp_weights.keys()
+    for name, value in ddp_weights.items():
+        torch.testing.assert_close(fsdp_weights[name], value, rtol=1e-5, atol=1e-6)
+    whole = result.summary["parameters"] * 4  # fp32
+    for rank in result.per_rank["step_memory_bytes"]:
+        assert whole / 2 <= rank["parameters"] <= 0.52 * whole  # its half, padded to divide evenly
+        assert rank["gradients"] == rank["parameters"] and rank["optimizer_state"] == rank["parameters"]
+    assert result.summary["distributed"] == "fsdp" and result.summary["test_top1"] >= 0  # 101 images: uneven shares
+
+
+def test_a_sharded_checkpoint_resumes_on_another_number_of_ranks(fsdp_run, tiny_root, tmp_path):
+    _, out = fsdp_run
+    stopped = tmp_path / "stopped"
+    _launch(2, tiny_root, stopped, distributed="fsdp", max_steps=2, checkpoint_every=1)
+    assert {path.name for path in RunFolder(stopped).checkpoints.iterdir()} == {"step-00000001.dcp",
+                                                                                "step-00000002.dcp"}
+    # Four ranks of 8 images continue two ranks of 16: the same global batch, the same images in each step.
+    resumed = _launch(4, tiny_root, stopped, distributed="fsdp", batch_size=8, resume="auto")
+    assert "resharded: written by 2 ranks, continued by 4" in "\n".join(resumed.lines)
+    assert resumed.summary["world_size"] == 4 and resumed.summary["steps"] == 4
+    assert _step_losses(stopped) == pytest.approx(_step_losses(out), rel=1e-4)
+    refused = _launch(4, tiny_root, stopped, expect_ok=False, distributed="fsdp", resume="auto", max_steps=6)
+    assert "global batch: 4 rank(s) x 8 images x 1 micro-batch(es) = 32 in the checkpoint, 4 rank(s) x 16" in \
+        "\n".join(refused.lines)
+
+
+def test_a_damaged_sharded_checkpoint_is_passed_over_and_a_half_written_one_cleared(fsdp_run, tiny_root, tmp_path):
+    _, out = fsdp_run
+    run = tmp_path / "copy"
+    shutil.copytree(out, run)
+    folder = RunFolder(run).checkpoints
+    newest = checkpoint.step_path(folder, 4, sharded=True)
+    shutil.copytree(newest, folder / f".{newest.name}.tmp")  # a write that was killed before its rename
+    (newest / checkpoint.SHARDED_METADATA).unlink()  # and damage to the newest whole one
+    (run / "summary.json").unlink()
+    result = _launch(2, tiny_root, run, distributed="fsdp", resume="auto", max_steps=5)
+    lines = "\n".join(result.lines)
+    assert "skipped a checkpoint" in lines and "step-00000004.dcp is not a whole sharded checkpoint" in lines
+    assert "resuming from" in lines and "step-00000002.dcp: step 2" in lines
+    assert not list(folder.glob(".*.tmp"))
+
+
+def test_a_checkpoint_of_another_strategy_is_refused_by_name(fsdp_run, tiny_root, tmp_path):
+    _, out = fsdp_run
+    with pytest.raises(ValueError, match="is a folder of shards, written by a --distributed fsdp run; this run is "
+                                         "--distributed none.*resume with --distributed fsdp"):
+        train(**_options(tiny_root, str(out), max_steps=6, resume="auto"))
+    single = tmp_path / "single"
+    train(**_options(tiny_root, str(single), max_steps=2, batch_size=32))
+    refused = _launch(2, tiny_root, single, expect_ok=False, distributed="fsdp", resume="auto")
+    assert "is one file with the whole model, written by a --distributed none run" in "\n".join(refused.lines)
+
+
+def test_fsdp_refuses_what_does_not_fit_it(tiny_root, tmp_path):
+    with pytest.raises(ValueError, match="shards the model over 2 or more ranks.*torchrun --nproc-per-node 2"):
+        train(**_options(tiny_root, str(tmp_path / "alone"), distributed="fsdp"))
+    with pytest.raises(ValueError, match="--bucket-cap-mb, --static-graph tune DistributedDataParallel"):
+        train(**_options(tiny_root, str(tmp_path / "knobs"), distributed="fsdp", bucket_cap_mb=5, static_graph=True))
+    with pytest.raises(ValueError, match="--offload keeps FSDP's shards .* use it with --distributed fsdp"):
+        train(**_options(tiny_root, str(tmp_path / "offload"), offload=True))
+    refused = _launch(2, tiny_root, tmp_path / "cpu-offload", expect_ok=False, distributed="fsdp", offload=True)
+    assert "it needs GPUs" in "\n".join(refused.lines)
+
+
+def test_activation_checkpointing_trades_saved_activations_for_the_same_numbers(tiny_root, tmp_path):
+    plain = train(**_options(tiny_root, str(tmp_path / "plain"), model="resnet18", max_steps=2))
+    recomputed = train(**_options(tiny_root, str(tmp_path / "recomputed"), model="resnet18", max_steps=2,
+                                  activation_checkpointing=True))
+    before, after = (run["per_rank"][0]["step_memory_bytes"] for run in (plain, recomputed))
+    assert after["activations"] < before["activations"] / 2
+    assert after["parameters"] == before["parameters"]
+    assert _step_losses(tmp_path / "recomputed") == pytest.approx(_step_losses(tmp_path / "plain"), rel=1e-5)
