@@ -1,1 +1,1 @@
-"""Prepare the course's data: the official CIFAR-100 archive, or tiny data in the same format."""
+"""Prepare the course's data: the official CIFAR-100 and ImageNet archives, or tiny data in the same formats."""

@@ -42,17 +42,9 @@ def test_job_script(script):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_cloud_recipe_joins_two_nodes_through_c10d(tiny_root, tmp_path, free_port, run_summary):
-    out = tmp_path / "run"
-    env = {**os.environ, "HEAD": "127.0.0.1", "PORT": str(free_port), "NNODES": "2", "NPROC_PER_NODE": "1",
-           "COURSE_VENV": sys.prefix, "COURSE_SIZE": "ci", "RUN_ID": tmp_path.name}
-    args = ["--data-dir", str(tiny_root), "--device", "cpu", "--workers", "0", "--max-steps", "3", "--batch-size", "8",
-            "--train-samples", "64", "--test-samples", "16", "--out", str(out)]
-    nodes = [subprocess.Popen(["jobs/cloud/run_node.sh", *args], cwd=checkout_root(), env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
-    summary = run_summary(out)
+def test_cloud_recipe_joins_two_nodes_through_c10d(tiny_root, two_cloud_nodes):
+    summary = two_cloud_nodes(["--data-dir", str(tiny_root), "--device", "cpu", "--workers", "0", "--max-steps", "3",
+                               "--batch-size", "8", "--train-samples", "64", "--test-samples", "16"])
     assert summary["world_size"] == 2 and [r["steps"] for r in summary["per_rank"]] == [3, 3]
 
 
@@ -60,3 +52,43 @@ def test_cloud_recipe_without_head_names_it():
     env = {k: v for k, v in os.environ.items() if k != "HEAD"}
     result = subprocess.run(["jobs/cloud/run_node.sh"], cwd=checkout_root(), env=env, capture_output=True, text=True)
     assert result.returncode != 0 and "set HEAD to the address of the first VM" in result.stderr
+
+
+def _container_command(tmp_path, runtime, **env):
+    """The command line jobs/cloud/ngc.sh gives ``runtime``, read by a stand-in that prints its arguments
+    (neither Docker nor Apptainer runs on the CI machine)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / runtime).write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
+    (bin_dir / runtime).chmod(0o755)
+    environment = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "COURSE_CONTAINER_RUNTIME": runtime, **env}
+    result = subprocess.run(["jobs/cloud/ngc.sh", "jobs/cloud/run_node.sh", "--epochs", "1"], cwd=checkout_root(),
+                            env=environment, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_ngc_container_gets_the_gpus_the_host_network_and_the_recipe_variables(tmp_path):
+    args = _container_command(tmp_path, "docker", HEAD="10.0.0.4", NNODES="2", NCCL_SOCKET_IFNAME="ens5")
+    assert args[:7] == ["run", "--rm", "--gpus", "all", "--ipc=host", "--network", "host"]
+    assert {"HEAD", "NNODES", "NCCL_SOCKET_IFNAME", "COURSE_VENV"} <= {args[i + 1] for i, a in enumerate(args)
+                                                                       if a == "-e"}
+    assert f"{checkout_root()}:{checkout_root()}" in args and "-p" not in args  # nothing published to the internet
+    assert args[-4:] == ["nvcr.io/nvidia/pytorch:25.12-py3", "jobs/cloud/run_node.sh", "--epochs", "1"]
+
+
+def test_ngc_container_through_apptainer(tmp_path):
+    args = _container_command(tmp_path, "apptainer", COURSE_NGC_IMAGE="ngc.sif")
+    assert args[:3] == ["exec", "--nv", "--bind"] and args[-4] == "ngc.sif"
+
+
+def test_course_requirements_leave_the_containers_packages_and_constrained_pins_to_it(tmp_path):
+    constraints = tmp_path / "constraint.txt"
+    constraints.write_text("# the container's\nnumpy==2.1.0\nJupyterLab==4.2.5\ntorch==2.10.0a0\n")
+    result = subprocess.run([sys.executable, "jobs/course_requirements.py", "--without", "torch", "torchvision",
+                             "nvidia-dali", "--constraints", str(constraints)], cwd=checkout_root(),
+                            capture_output=True, text=True, check=True)
+    lines = result.stdout.split()
+    assert "numpy" in lines and "jupyterlab" in lines and "pandas==3.1.1" in lines
+    assert not any(line.startswith(("torch", "nvidia-dali")) for line in lines)
+    assert "numpy==2.4.6" in result.stderr

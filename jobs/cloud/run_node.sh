@@ -3,10 +3,11 @@
 #
 #   HEAD=10.0.0.4 NNODES=2 jobs/cloud/run_node.sh --model resnet50 --epochs 5
 #
-# torchrun's c10d rendezvous meets on HEAD:29400 (the first VM hosts it); the VMs then find each
-# other and open further TCP connections for NCCL (or gloo) on ports they choose. So the VMs must
-# reach each other on every TCP port: put them in one security group / VPC subnet that allows all
-# traffic between its members, and open nothing to the internet. Arguments go to the training command.
+# torchrun's c10d rendezvous meets on HEAD:29400 (the first VM hosts it); then the workers' store and
+# NCCL (or gloo) listen on ports the OS picks from net.ipv4.ip_local_port_range, which NCCL has no setting
+# to fix. So narrow that range on both VMs (sudo sysctl -w net.ipv4.ip_local_port_range="50000 51000") and
+# allow, between the two VMs' private addresses only, TCP PORT and that range; nothing to the internet
+# but SSH (jobs/cloud/README.md). Arguments go to the training command.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${HEAD:?set HEAD to the address of the first VM, the one every VM can reach}"

@@ -47,21 +47,7 @@ fi
 # container's), not NVIDIA DALI (a CUDA library, of no use on AMD GPUs).
 requirements=$(mktemp)
 trap 'rm -f "$requirements"' EXIT
-"$venv/bin/python" - >"$requirements" <<'EOF'
-import re
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10: the TOML reader that pip carries
-    from pip._vendor import tomli as tomllib
-
-with open("pyproject.toml", "rb") as file:
-    project = tomllib.load(file)["project"]
-for requirement in project["dependencies"] + project["optional-dependencies"]["test"]:
-    name = re.match(r"[A-Za-z0-9._-]+", requirement).group(0).lower()
-    if name not in ("torch", "torchvision") and not name.startswith("nvidia-dali"):
-        print(requirement)
-EOF
+"$venv/bin/python" jobs/course_requirements.py --without torch torchvision nvidia-dali >"$requirements"
 "$venv/bin/python" -m pip install -r "$requirements"
 echo "setup_venv: pip's notes that course-utils requires torch, torchvision or nvidia-dali-cuda120 are expected here"
 

@@ -63,11 +63,12 @@ def _first(dataset: Dataset, count: int | None) -> Dataset:
     return Subset(dataset, range(count))
 
 
-def _imagefolder(root: Path, split: str, transform: v2.Compose) -> Dataset:
+def _imagefolder(root: Path, split: str, transform: v2.Compose, image_size: int) -> Dataset:
+    """Photographs come in every shape (ImageNet's too): the centre square of each makes batches stackable."""
     folder = Path(root) / split
     if not folder.is_dir():
         raise FileNotFoundError(f"ImageFolder data needs {folder}/<class>/<image> files; {folder} does not exist")
-    return datasets.ImageFolder(str(folder), transform=v2.Compose([v2.RGB(), transform]))
+    return datasets.ImageFolder(str(folder), transform=v2.Compose([v2.RGB(), transform, v2.CenterCrop(image_size)]))
 
 
 def build_datasets(spec: DataSpec) -> tuple[Dataset, Dataset]:
@@ -82,8 +83,8 @@ def build_datasets(spec: DataSpec) -> tuple[Dataset, Dataset]:
     elif spec.source == "imagefolder":
         if spec.root is None:
             raise ValueError("--data imagefolder needs --data-dir pointing at a folder with train/ and val/")
-        train = _imagefolder(spec.root, "train", train_tf)
-        test = _imagefolder(spec.root, "val", test_tf)
+        train = _imagefolder(spec.root, "train", train_tf, spec.image_size)
+        test = _imagefolder(spec.root, "val", test_tf, spec.image_size)
     else:
         raise ValueError(f"unknown data source {spec.source!r}; choose one of: {', '.join(DATA_SOURCES)}")
     return _first(train, spec.train_samples), _first(test, spec.test_samples)

@@ -35,7 +35,7 @@ SIDE = 32
 LIMITS = {"train": 50_000, "test": 10_000}  # the official split sizes: more is not CIFAR-100
 
 
-def _class_templates(rng: np.random.Generator) -> np.ndarray:
+def class_templates(rng: np.random.Generator) -> np.ndarray:
     """One 32x32x3 float template per class: a colour gradient plus an oriented stripe pattern."""
     ys, xs = np.mgrid[0:SIDE, 0:SIDE].astype(np.float32) / SIDE
     templates = np.empty((NUM_CLASSES, SIDE, SIDE, 3), np.float32)
@@ -49,7 +49,7 @@ def _class_templates(rng: np.random.Generator) -> np.ndarray:
     return templates
 
 
-def _images(templates: np.ndarray, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def pattern_images(templates: np.ndarray, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Rows of 3072 uint8 values (1024 red, 1024 green, 1024 blue), as in the official files.
 
     Each image blends its class template with a random other class's, then shifts, rescales and
@@ -75,7 +75,7 @@ def _split(count: int, split: str, templates: np.ndarray, rng: np.random.Generat
         "batch_label": f"{'training' if split == 'train' else 'testing'} batch 1 of 1",
         "fine_labels": [int(label) for label in labels],
         "coarse_labels": [COARSE_OF_FINE[label] for label in labels],
-        "data": _images(templates, labels, rng),
+        "data": pattern_images(templates, labels, rng),
     }
 
 
@@ -93,7 +93,7 @@ def file_bytes(train: int, test: int, seed: int) -> dict[str, bytes]:
     """The three files' contents: ``train``, ``test`` and ``meta``."""
     check_parameters(train, test, seed)
     rng = np.random.default_rng(seed)
-    templates = _class_templates(rng)
+    templates = class_templates(rng)
     contents = {name: _split(count, name, templates, rng) for name, count in (("train", train), ("test", test))}
     contents["meta"] = {"fine_label_names": FINE_LABEL_NAMES, "coarse_label_names": COARSE_LABEL_NAMES}
     # Protocol 2 is what the official (Python 2) files use; torchvision loads with encoding="latin1".

@@ -1,0 +1,29 @@
+"""The one-VM-against-two comparison: the class's reported numbers beside a learner's two runs."""
+
+import pytest
+
+from course_utils.lessons.cloud_vms import comparison, main
+
+
+def _summary(ranks, epoch_seconds, batch_size=64):
+    return {"world_size": ranks, "epoch_seconds": epoch_seconds, "device": "NVIDIA T4", "monitor": "monitor.csv",
+            "config": {"batch_size": batch_size}}
+
+
+def test_the_class_row_and_this_runs_row():
+    table = comparison(_summary(1, [100.0, 80.0]), _summary(2, [50.0, 50.0]))
+    the_class, this_run = table.to_dict("records")
+    assert the_class["speedup"] == pytest.approx(3452 / 1878) and round(the_class["speedup"], 2) == 1.84
+    assert the_class["efficiency"] == pytest.approx(0.919, abs=1e-3)
+    assert this_run["seconds_fewer_vms"] == 180 and this_run["speedup"] == 1.8 and this_run["efficiency"] == 0.9
+
+
+def test_runs_at_different_batches_per_gpu_are_refused():
+    with pytest.raises(ValueError, match="--batch-size"):
+        comparison(_summary(1, [10.0]), _summary(2, [6.0], batch_size=32))
+
+
+def test_a_run_that_did_not_finish_is_one_line(tmp_path, capsys):
+    assert main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "did not finish" in err
