@@ -2,7 +2,7 @@ import pytest
 import torch
 from PIL import Image
 
-from course_utils.data.datasets import DataSpec, SyntheticImages, build_datasets
+from course_utils.data.datasets import DataSpec, SyntheticImages, build_datasets, class_count
 from course_utils.data.loaders import build_loader
 from course_utils.data.transforms import train_transform
 
@@ -66,3 +66,12 @@ def test_image_folder_source(tmp_path):
 def test_image_folder_without_split_says_what_is_needed(tmp_path):
     with pytest.raises(FileNotFoundError, match="train"):
         build_datasets(DataSpec(source="imagefolder", root=tmp_path))
+
+
+def test_the_model_tells_apart_as_many_classes_as_the_data_has(tmp_path):
+    for name in ("n01440764", "n01443537", "n01484850"):
+        (tmp_path / "train" / name).mkdir(parents=True)
+    assert class_count("imagefolder", tmp_path) == 3
+    assert class_count("cifar100", None) == 100
+    with pytest.raises(FileNotFoundError, match="needs .*/train/<class>/<image> files"):
+        class_count("imagefolder", tmp_path / "elsewhere")

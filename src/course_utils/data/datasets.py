@@ -71,6 +71,17 @@ def _imagefolder(root: Path, split: str, transform: v2.Compose, image_size: int)
     return datasets.ImageFolder(str(folder), transform=v2.Compose([v2.RGB(), transform, v2.CenterCrop(image_size)]))
 
 
+def class_count(source: str, root: str | Path | None) -> int:
+    """How many classes the model must tell apart: CIFAR-100's 100, or an ImageFolder's class folders
+    (ImageNet's 1,000)."""
+    if source != "imagefolder" or root is None:
+        return NUM_CLASSES
+    folder = Path(root) / "train"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"ImageFolder data needs {folder}/<class>/<image> files; {folder} does not exist")
+    return len(datasets.folder.find_classes(str(folder))[0])
+
+
 def build_datasets(spec: DataSpec) -> tuple[Dataset, Dataset]:
     """The training and test sets described by ``spec``."""
     train_tf, test_tf = train_transform(spec.image_size, spec.augment), test_transform(spec.image_size)

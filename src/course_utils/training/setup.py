@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from course_utils import config, devices
-from course_utils.data.datasets import NUM_CLASSES, DataSpec
+from course_utils.data.datasets import DataSpec, class_count
 from course_utils.data.loaders import Loaders, make_loaders
 from course_utils.parallel import process_group, sharding
 from course_utils.parallel.wrappers import ONE_PROCESS_PER_DEVICE, DDPOptions, wrap
@@ -153,7 +153,8 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
         # Let cuDNN (MIOpen on ROCm) search for the fastest kernels: costly in the first iterations.
         torch.backends.cudnn.benchmark = True
     loaders = _loaders(cfg, where, device)
-    model = models.build(cfg.model, num_classes=NUM_CLASSES, image_size=cfg.image_size).to(device)
+    classes = class_count(cfg.data, cfg.data_dir)
+    model = models.build(cfg.model, num_classes=classes, image_size=cfg.image_size).to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     recomputed = checkpoint_blocks(models.blocks(model)) if cfg.activation_checkpointing else []

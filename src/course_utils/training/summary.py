@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from course_utils import devices
-from course_utils.data.datasets import NUM_CLASSES
+from course_utils.data.datasets import class_count
 from course_utils.observe import flops
 from course_utils.observe.clocks import images_per_second, steady_median, warmup_steps
 from course_utils.observe.memory import StepMemory
@@ -94,7 +94,8 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
     rate = sum(r["images_per_second"] for r in ranks)  # every rank trains its own images at the same time
     dp_devices = (len(setup.wrapped.device_ids) or 1) if cfg.distributed == "dp" else None
     work = flops.training_flops_per_image(
-        lambda: models.build(cfg.model, num_classes=NUM_CLASSES, image_size=cfg.image_size), cfg.image_size)
+        lambda: models.build(cfg.model, num_classes=class_count(cfg.data, cfg.data_dir), image_size=cfg.image_size),
+        cfg.image_size)
     peak = flops.peak_tflops(devices.device_name(device), cfg.amp)
     watched = monitor_summary(monitor) if monitor is not None else None
     return {
