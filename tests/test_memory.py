@@ -53,7 +53,7 @@ def test_the_ladder_measures_every_rung_that_runs_here(tiny_root, tmp_path):
     ladder = memory_ladder.climb(steps=2, out=tmp_path, size="ci", data_dir=tiny_root, model="resnet18",
                                  train_samples=128, test_samples=64, batch_size=8, workers=0, log_every=1)
     assert list(ladder["rung"]) == [rung.name for rung in memory_ladder.LADDER]
-    assert ladder["skipped"].iloc[-1].startswith("needs GPUs")  # this machine has none
+    assert ladder["skipped"].iloc[-1].startswith("it needs GPUs")  # this machine has none
     rows = ladder.set_index("rung")
     assert rows.loc["FSDP", "parameters_mib"] < 0.52 * rows.loc["DDP", "parameters_mib"]
     assert rows.loc["FSDP + activation checkpointing", "activations_mib"] < rows.loc["FSDP", "activations_mib"] / 2

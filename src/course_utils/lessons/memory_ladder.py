@@ -67,7 +67,7 @@ def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | P
     for index, rung in enumerate(tqdm(rungs, desc="rungs", unit="run")):
         folder = out / f"rung-{index}"
         if rung.needs_gpus and not shape.on_gpus:
-            rows.append({"rung": rung.name, "skipped": "needs GPUs: " + shape.describe()})
+            rows.append({"rung": rung.name, "skipped": "it needs GPUs; the ranks here are CPU processes"})
             continue
         if rung.distributed == "none":
             summary = train(**common, **rung.options, out=folder)

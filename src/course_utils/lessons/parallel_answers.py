@@ -128,9 +128,11 @@ def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:
     ddp, fsdp, recomputed = (rows.loc[name] for name in ("DDP", "FSDP", "FSDP + activation checkpointing"))
     state = ["parameters_mib", "gradients_mib", "optimizer_state_mib"]
     ddp_state, fsdp_state = ddp[state].sum(), fsdp[state].sum()
-    recompute_cost = recomputed["images_per_second"] / fsdp["images_per_second"] - 1
+    recompute_change = recomputed["images_per_second"] / fsdp["images_per_second"] - 1
+    fsdp_change = fsdp["images_per_second"] / ddp["images_per_second"] - 1
+    noise = " (faster here: short runs vary by several percent, and this difference is within that)"
     lines = [
-        f"- Measured on {where}.",
+        f"- Where the ranks ran: {where}.",
         f"- DDP keeps the whole model's state on every rank: **{ddp_state:.1f} MiB** of parameters, gradients and "
         f"optimizer state. FSDP over {int(fsdp['ranks'])} ranks keeps **{fsdp_state:.1f} MiB** per rank "
         f"({fsdp_state / ddp_state:.0%} of it): each rank holds its shard, and the whole of a block only while "
@@ -138,13 +140,14 @@ def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:
         f"- The saved activations did not shrink with sharding (**{ddp['activations_mib']:.1f}** MiB under DDP, "
         f"**{fsdp['activations_mib']:.1f}** under FSDP): each rank still trains its whole batch through the whole "
         "model. Activation checkpointing cut them to "
-        f"**{recomputed['activations_mib']:.1f} MiB** ({recomputed['activations_mib'] / fsdp['activations_mib']:.0%}), "
-        f"for a second forward pass of every block: **{recomputed['images_per_second']:.0f}** images/s against "
-        f"**{fsdp['images_per_second']:.0f}** ({recompute_cost:+.0%}).",
+        f"**{recomputed['activations_mib']:.1f} MiB** ({recomputed['activations_mib'] / fsdp['activations_mib']:.0%}) "
+        "by running every block's forward pass again in the backward pass, about a third more compute: "
+        f"**{recomputed['images_per_second']:.0f}** images/s against **{fsdp['images_per_second']:.0f}** "
+        f"({recompute_change:+.0%}){noise if recompute_change > 0 else ''}.",
         f"- FSDP ran at **{fsdp['images_per_second']:.0f}** images/s against DDP's **{ddp['images_per_second']:.0f}** "
-        f"({fsdp['images_per_second'] / ddp['images_per_second'] - 1:+.0%}): it all-gathers every block's parameters "
-        "in the forward and again in the backward pass, and reduce-scatters the gradients, where DDP only "
-        "all-reduces gradients.",
+        f"({fsdp_change:+.0%}). Per step it all-gathers every block's parameters twice (forward and backward) and "
+        "reduce-scatters the gradients, about 1.5 times the bytes of DDP's all-reduce; what that costs depends on "
+        "how much of it hides behind the computation, which is what the recorded GPU rows below show.",
     ]
     if "skipped" in rows and rows["skipped"].notna().any():
         skipped = rows[rows["skipped"].notna()]
