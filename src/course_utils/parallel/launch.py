@@ -89,16 +89,19 @@ def _forward(stream, lines: list[str], echo: bool) -> None:
 
 
 def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
-           timeout_seconds: float | None = None, echo: bool = True, max_restarts: int = 0) -> LaunchResult:
+           timeout_seconds: float | None = None, echo: bool = True, max_restarts: int = 0,
+           env: dict[str, str] | None = None) -> LaunchResult:
     """Run ``torchrun --standalone --nproc-per-node nproc -m module args...`` and wait for it.
 
     ``max_restarts``: when a rank fails, torchrun ends the others and starts them all again, up to
     this many times (with ``--resume auto`` the training continues from its last checkpoint).
+    ``env``: variables set for the ranks besides this process's own (``NCCL_DEBUG=INFO``...).
     """
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="torchrun-"))
     command = torchrun_command(nproc, module, args, log_dir, max_restarts)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                               start_new_session=True)  # its own process group, to end it as a whole
+                               # its own process group, to end it as a whole
+                               start_new_session=True, env={**os.environ, **(env or {})})
     result = LaunchResult(returncode=-1)
     # A thread forwards the output, so that the wait below can time out even while the ranks are silent.
     reader = threading.Thread(target=_forward, args=(process.stdout, result.lines, echo), daemon=True)
