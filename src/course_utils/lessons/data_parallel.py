@@ -7,6 +7,7 @@ processes: DDP runs two gloo ranks, each with one thread, on the same cores a si
 
 from __future__ import annotations
 
+import math
 import signal
 import subprocess
 import sys
@@ -21,11 +22,14 @@ import torch
 from tqdm.auto import tqdm
 
 from course_utils import config, devices
+from course_utils.data.datasets import NUM_CLASSES
 from course_utils.data.loaders import shard_sampler
+from course_utils.observe import communication
+from course_utils.observe.profiling import TRACE_FILE
 from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
-from course_utils.training import checkpoint
+from course_utils.training import checkpoint, models
 from course_utils.training.options import to_flags
 from course_utils.training.resume import NonFiniteLossError
 
@@ -212,6 +216,31 @@ def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None 
     table = pd.DataFrame(rows)
     table["relative"] = table["images_per_second"] / table["images_per_second"].iloc[0]
     return table
+
+
+def gradient_mib(model: str, image_size: int = 32) -> float:
+    """The size of ``model``'s gradients in fp32: what DDP all-reduces every step, bucket by bucket."""
+    with torch.device("meta"):
+        return models.count_parameters(models.build(model, NUM_CLASSES, image_size)) * 4 / 2**20
+
+
+def communication_profile(buckets: int = 8, nproc: int | None = None, steps: int | None = None,
+                          out: str | Path | None = None, **options: Any) -> pd.DataFrame:
+    """DDP runs traced with the profiler, with PyTorch's default 25 MB buckets and with buckets small
+    enough for about ``buckets`` of them: per setting, the median step's time, its communication, and
+    how much of that hid behind computation (rank 0's trace; :mod:`course_utils.observe.communication`)."""
+    shape = parallel_shape()
+    size = config.get_size(options.get("size"))
+    options = {"device": shape.device, "max_steps": steps or size.parallel_steps, **options}
+    gradients = gradient_mib(options.get("model") or size.model, options.get("image_size") or size.image_size)
+    rows = []
+    for index, cap in enumerate(tqdm((25.0, round(gradients / buckets, 3)), desc="bucket sizes", unit="run")):
+        folder = Path(out or config.runs_dir() / "ddp-communication") / f"bucket-{index}"
+        run_ranks(nproc or shape.ranks, folder, bucket_cap_mb=cap, trace=folder / "trace", **options)
+        steps_table = communication.per_step(folder / "trace" / TRACE_FILE)
+        rows.append({"bucket_cap_mb": cap, "gradient_mib": gradients, "buckets": max(1, math.ceil(gradients / cap)),
+                     **steps_table.median().to_dict()})
+    return pd.DataFrame(rows)
 
 
 def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -> pd.DataFrame:
