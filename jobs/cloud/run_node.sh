@@ -17,6 +17,8 @@ PORT=${PORT:-29400}
 GPUS=$(nvidia-smi --list-gpus 2>/dev/null | wc -l || true)
 ((GPUS > 0)) || GPUS=1
 export COURSE_SIZE=${COURSE_SIZE:-workshop}
+# "--" ends torchrun's options: the flags after it are the module's (torchrun would take --monitor for
+# an abbreviation of its own --monitor-interval).
 exec "${COURSE_VENV:-.venv}/bin/torchrun" --nnodes="$NNODES" --nproc-per-node="${NPROC_PER_NODE:-$GPUS}" \
     --rdzv-backend=c10d --rdzv-endpoint="$HEAD:$PORT" --rdzv-id="${RUN_ID:-course}" \
-    -m course_utils.train --distributed ddp --no-progress "$@"
+    -m course_utils.train -- --distributed ddp --no-progress "$@"

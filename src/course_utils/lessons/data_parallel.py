@@ -113,7 +113,20 @@ def _row(name: str, summary: dict[str, Any], devices: int) -> dict[str, Any]:
             "steps_per_rank": [r["steps"] for r in ranks],
             "peak_memory_per_device_mib": ([r["peak_memory_mib"] for r in ranks] if summary["world_size"] > 1
                                            else memory[:devices] if memory else None),
-            "final_train_loss": summary["final_train_loss"]}
+            "final_train_loss": summary["final_train_loss"], "monitor": summary.get("monitor")}
+
+
+def device_readings(modes: pd.DataFrame) -> pd.DataFrame:
+    """Each device of each mode while it trained, as the monitor sampled it: utilization, peak memory and
+    power (where the device reports it). Under DDP rank 0 samples every device of its node."""
+    rows = []
+    for mode in modes.itertuples():
+        monitor = mode.monitor or {"backend": None, "devices": []}
+        for device in monitor["devices"]:
+            rows.append({"mode": mode.mode, "backend": monitor["backend"], "device": device["index"],
+                         "utilization_percent": device["utilization_percent"],
+                         "memory_peak_mib": device["memory_peak_mib"], "power_watts": device["power_watts"]})
+    return pd.DataFrame(rows)
 
 
 def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | None = None, out: str | Path | None = None,
@@ -124,6 +137,7 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
     process per device with the per-device batch; so every mode puts the same work on each device.
     ``ddp_summary``: a DDP run made already with the same settings, used instead of a new one when it has
     the ranks this comparison needs (on one GPU a run of two CPU ranks does not: it runs one rank on the GPU).
+    Every run is monitored: :func:`device_readings` lists each device's utilization, memory and power.
     """
     size = config.get_size(options.get("size"))
     batch = options.pop("batch_size", None) or size.batch_size
@@ -133,7 +147,7 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
     ddp_ranks = gpus or CPU_RANKS  # one rank per device, as in the other modes; on one GPU, DDP's own cost
     rows = []
     for mode in tqdm(modes, desc="modes", unit="run"):
-        common = {"max_steps": steps, **SCRATCH, **options}
+        common = {"max_steps": steps, "monitor": "auto", **SCRATCH, **options}
         if mode == "none":
             rows.append(_row("one device", train(**common, batch_size=batch, out=out / "none"), 1))
         elif mode == "dp":

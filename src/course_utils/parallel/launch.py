@@ -43,9 +43,14 @@ class LaunchResult:
         return self.returncode == 0
 
 
+# "--" ends torchrun's own options: without it, torchrun's parser takes a module's flag that begins like one
+# of its own (--monitor, like --monitor-interval) for an abbreviation and fails. torchrun drops the "--".
+SCRIPT_ARGS = ("--",)
+
+
 def torchrun_command(nproc: int, module: str, args: tuple[str, ...], log_dir: Path, max_restarts: int = 0) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            f"--max-restarts={max_restarts}", "--tee=3", f"--log-dir={log_dir}", "-m", module, *args]
+            f"--max-restarts={max_restarts}", "--tee=3", f"--log-dir={log_dir}", "-m", module, *SCRIPT_ARGS, *args]
 
 
 def _rank_logs(log_dir: Path) -> dict[int, str]:
