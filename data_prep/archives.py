@@ -9,6 +9,7 @@ run never leaves a half-extracted folder behind.
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import sys
@@ -52,6 +53,8 @@ def _stream(url: str, partial: Path, label: str) -> None:
             while chunk := response.read(1 << 20):
                 out.write(chunk)
                 bar.update(len(chunk))
+            if length and out.tell() < offset + length:  # http.client ends a cut-off body without an error
+                raise ConnectionError(f"the connection closed after {out.tell()} of {offset + length} bytes")
 
 
 def download(url: str, destination: Path) -> Path:
@@ -60,7 +63,7 @@ def download(url: str, destination: Path) -> Path:
     partial = destination.with_name(destination.name + ".part")
     try:
         _stream(url, partial, destination.name)
-    except (urllib.error.URLError, OSError) as error:
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
         received = partial.stat().st_size if partial.exists() else 0
         if received:
             kept = f" The {received} bytes in {partial} are kept: running this command again continues from there."

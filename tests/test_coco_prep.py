@@ -11,6 +11,7 @@ import pytest
 from course_utils.data.cifar import file_md5
 from course_utils.data.coco import CocoBoxes
 from data_prep import coco
+from data_prep.__main__ import main
 from data_prep.archives import ArchiveError
 
 
@@ -31,22 +32,29 @@ def served(tiny_coco, tmp_path):
 
 
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves files, and the rest of one from ``Range: bytes=N-`` with 206 Partial Content."""
+    """Serves files, and the rest of one from ``Range: bytes=N-`` with 206 Partial Content; with ``cut_after``
+    set, sends that many bytes of a file and closes the connection, as a dropped download does."""
 
     served_ranges: list[str] = []
+    cut_after: int | None = None
 
     def send_head(self):
         requested = self.headers.get("Range")
-        if not requested:
+        if not requested and self.cut_after is None:
             return super().send_head()
-        self.served_ranges.append(requested)
         data = open(self.translate_path(self.path), "rb").read()
-        start = int(requested.removeprefix("bytes=").removesuffix("-"))
-        self.send_response(206)
-        self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        if requested:
+            self.served_ranges.append(requested)
+            start = int(requested.removeprefix("bytes=").removesuffix("-"))
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        else:
+            start = 0
+            self.send_response(200)
         self.send_header("Content-Length", str(len(data) - start))
         self.end_headers()
-        self.wfile.write(data[start:])
+        self.wfile.write(data[start:] if requested else data[: self.cut_after])
+        self.close_connection = True
 
     def log_message(self, *args):
         pass
@@ -55,7 +63,7 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture
 def http_base(served):
     base, _ = served
-    _RangeHandler.served_ranges = []
+    _RangeHandler.served_ranges, _RangeHandler.cut_after = [], None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _RangeHandler(*a, directory=str(base)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -98,13 +106,16 @@ def test_a_damaged_zip_with_a_matching_md5_leaves_nothing_half_extracted(served,
 def test_an_interrupted_download_continues_where_it_stopped(served, http_base, tmp_path):
     base, archives = served
     root = tmp_path / "data"
-    root.mkdir()
-    whole = (base / "zips" / "train2017.zip").read_bytes()
+    whole = (base / "annotations" / "annotations_trainval2017.zip").read_bytes()
     half = len(whole) // 2
-    (root / "train2017.zip.part").write_bytes(whole[:half])
+    _RangeHandler.cut_after = half
+    with pytest.raises(ArchiveError, match=f"The {half} bytes in .*annotations_trainval2017.zip.part are kept"):
+        coco.prepare(root, base_url=http_base, archives=archives)
+    assert (root / "annotations_trainval2017.zip.part").stat().st_size == half and not (root / "annotations").exists()
+    _RangeHandler.cut_after = None
     coco.prepare(root, base_url=http_base, archives=archives, keep_archives=True)
     assert _RangeHandler.served_ranges == [f"bytes={half}-"]  # only the missing half was asked for
-    assert (root / "train2017.zip").read_bytes() == whole and not coco.verify(root)
+    assert (root / "annotations_trainval2017.zip").read_bytes() == whole and not coco.verify(root)
 
 
 def test_folders_in_place_are_not_downloaded_again(served, tmp_path):
@@ -129,3 +140,11 @@ def test_a_failed_download_says_how_to_bring_the_archive(tmp_path, capsys):
     error = capsys.readouterr().err
     assert "annotations_trainval2017.zip elsewhere, copy it to" in error
     assert list(root.iterdir()) == []
+
+
+def test_data_prep_makes_the_tiny_coco_set_beside_the_tiny_cifar100_at_the_ci_size(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
+    assert main(["--size", "ci"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("Tiny generated COCO-format set (seed 0), 32 validation")
+    assert main(["--size", "ci"]) == 0
+    assert capsys.readouterr().out.count("verified, nothing to do") == 2
