@@ -1,5 +1,6 @@
-"""Shared fixtures: a small generated CIFAR-100, quick training options, readers of a run folder, a free port,
-the cloud recipe run as two 'VMs' on this machine, and the one torchrun self-check of the session."""
+"""Shared fixtures: a small generated CIFAR-100 and COCO-format set, quick training options, readers of a run
+folder, a free port, the cloud recipe run as two 'VMs' on this machine, and the one torchrun self-check of the
+session."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from course_utils.config import checkout_root
+from course_utils.data import generated_coco
 from course_utils.data.generated_cifar100 import generate
 from course_utils.parallel import process_group
 from course_utils.parallel.launch import LaunchResult, launch
@@ -30,6 +32,12 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tiny")
     generate(root, train=600, test=200, seed=0)
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ci size's tiny COCO-format set (its default size and seed) shared by the whole session; do not modify."""
+    return generated_coco.generate(tmp_path_factory.mktemp("tiny-coco") / "coco")
 
 
 @pytest.fixture

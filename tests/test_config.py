@@ -36,3 +36,15 @@ def test_sizes_keep_their_data_apart(monkeypatch, tmp_path):
 def test_prepare_command_names_the_generator_for_ci():
     assert config.prepare_command(config.SIZES["ci"]).startswith("python -m data_prep.tiny_cifar100 --root ")
     assert config.prepare_command(config.SIZES["workshop"]).startswith("python -m data_prep.cifar100 --root ")
+
+
+def test_coco_data_has_its_own_folder_and_command_per_size(monkeypatch, tmp_path):
+    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
+    ci, workshop = config.SIZES["ci"], config.SIZES["workshop"]
+    assert config.data_dir(ci, "coco") == tmp_path / "tiny" / "coco"
+    assert config.data_dir(workshop, "coco") == tmp_path / "coco"
+    assert config.prepare_command(ci, dataset="coco") == f"python -m data_prep.tiny_coco --root {tmp_path}/tiny/coco"
+    assert config.prepare_command(workshop, dataset="coco") == f"python -m data_prep.coco --root {tmp_path / 'coco'}"
+    with pytest.raises(ValueError, match="unknown data set 'voc'; choose one of: cifar100, coco"):
+        config.data_dir(ci, "voc")
+

@@ -1,5 +1,5 @@
-"""Files that are always whole: written to a temporary file, synced, then renamed over the old one
-(notebooks 07-08 and every run: checkpoints, the run's summary, a resumed run's metrics).
+"""Files and folders that are always whole: written under a temporary name, then renamed over the old one
+(notebooks 00 and 07-10, and every run: checkpoints, the run's summary, a resumed run's metrics, generated data).
 
 A process killed in the middle of a write, or a disk that fills up, leaves the previous file
 intact, never a truncated one under the final name.
@@ -7,9 +7,11 @@ intact, never a truncated one under the final name.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -73,3 +75,19 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
 def write_text_atomic(path: Path, text: str) -> Path:
     """``path.write_text(text)``, whole or not at all."""
     return write_atomic(path, lambda stream: stream.write(text.encode()))
+
+
+@contextlib.contextmanager
+def whole_directory(target: Path) -> Iterator[Path]:
+    """An empty folder beside ``target`` to write into; when the block ends without an error it replaces
+    ``target`` (whose old content is deleted), else it is removed and ``target`` stays as it was."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        yield staging
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -149,14 +149,26 @@ def checkout_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def data_dir(size: Size | None = None) -> Path:
-    """Where the data for ``size`` lives: ``$COURSE_DATA_DIR`` (on LUMI: project scratch) or ``data/``.
+DATASETS = ("cifar100", "coco")  # coco: notebook 10's detection data
+
+
+def _check_dataset(dataset: str) -> None:
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown data set {dataset!r}; choose one of: {', '.join(DATASETS)}")
+
+
+def data_dir(size: Size | None = None, dataset: str = "cifar100") -> Path:
+    """Where ``dataset``'s data for ``size`` lives: under ``$COURSE_DATA_DIR`` (on LUMI: project scratch) or
+    ``data/``, in ``cifar100`` and ``coco`` for the official sets, in ``tiny`` and ``tiny/coco`` for the generated.
 
     The two sizes keep separate trees, so tiny generated data never shadows the real archive.
     """
     size = size or get_size()
+    _check_dataset(dataset)
     base = Path(os.environ.get(DATA_VARIABLE) or checkout_root() / "data")
-    return base / ("tiny" if size.generated_data else "cifar100")
+    if not size.generated_data:
+        return base / dataset
+    return base / "tiny" / "coco" if dataset == "coco" else base / "tiny"
 
 
 def runs_dir() -> Path:
@@ -164,8 +176,9 @@ def runs_dir() -> Path:
     return Path(os.environ.get(RUNS_VARIABLE) or checkout_root() / "runs")
 
 
-def prepare_command(size: Size | None = None, root: str | Path | None = None) -> str:
-    """The exact shell command that prepares the data for ``size`` (in ``root`` if given)."""
+def prepare_command(size: Size | None = None, root: str | Path | None = None, dataset: str = "cifar100") -> str:
+    """The exact shell command that prepares ``dataset``'s data for ``size`` (in ``root`` if given)."""
     size = size or get_size()
-    module = "data_prep.tiny_cifar100" if size.generated_data else "data_prep.cifar100"
-    return f"python -m {module} --root {root or data_dir(size)}"
+    _check_dataset(dataset)
+    module = f"data_prep.{'tiny_' if size.generated_data else ''}{dataset}"
+    return f"python -m {module} --root {root or data_dir(size, dataset)}"

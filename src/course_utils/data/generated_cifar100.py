@@ -17,15 +17,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import pickle
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from torchvision.datasets import CIFAR100
 
+from course_utils.atomic_files import whole_directory
 from course_utils.data.cifar100_labels import COARSE_LABEL_NAMES, COARSE_OF_FINE, FINE_LABEL_NAMES
 
 FOLDER = CIFAR100.base_folder  # "cifar-100-python"
@@ -119,20 +117,9 @@ def parameters(manifest: dict) -> tuple[int, int, int]:
 def generate(root: Path, train: int = 5000, test: int = 1000, seed: int = 0) -> Path:
     """Write ``root/cifar-100-python`` atomically and return that folder."""
     files = file_bytes(train, test, seed)
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-cifar100-", dir=root))
-    try:
-        folder = staging / FOLDER
-        folder.mkdir()
+    with whole_directory(Path(root) / FOLDER) as folder:
         for name, data in files.items():
             (folder / name).write_bytes(data)
         manifest = {"generator": "course_utils.data.generated_cifar100", "train": train, "test": test, "seed": seed}
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        target = root / FOLDER
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(folder, target)
-        return target
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    return Path(root) / FOLDER

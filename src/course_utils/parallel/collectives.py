@@ -62,3 +62,12 @@ def gather(value: Any) -> list[Any]:
     values: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return values
+
+
+def from_rank_zero(value: Any) -> Any:
+    """Rank 0's ``value`` (picklable) on every rank: what only rank 0 computed, every rank returns."""
+    if not active():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

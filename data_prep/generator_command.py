@@ -1,0 +1,26 @@
+"""The command line of the tiny-data generators of two splits: a root folder, each split's image count and
+a seed (notebooks 00 and 10 at the ``ci`` size, and CI)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+
+def run(description: str, generate: Callable[[Path, int, int, int], Path], what: str, root_help: str,
+        splits: tuple[tuple[str, int], tuple[str, int]], argv: list[str] | None = None) -> None:
+    """Parse ``--root``, one ``--<split>`` count per (split, default) pair and ``--seed``, call ``generate``
+    with them in that order, and say what was written; a count ``generate`` refuses is a usage error."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, required=True, help=root_help)
+    for split, default in splits:
+        parser.add_argument(f"--{split}", type=int, default=default, help=f"{split} images (default {default})")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    args = parser.parse_args(argv)
+    counts = [getattr(args, split) for split, _ in splits]
+    try:
+        folder = generate(args.root, *counts, args.seed)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"wrote {what} ({' / '.join(f'{n} {split}' for n, (split, _) in zip(counts, splits))} images) to {folder}")

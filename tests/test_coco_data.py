@@ -1,0 +1,110 @@
+"""The detection data set: torchvision's targets from COCO annotations, empty images, label ids both ways,
+batches of different sizes, and a missing or damaged tree named with its fix."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from course_utils import config
+from course_utils.data.cifar import DatasetMissingError
+from course_utils.data.coco import Categories, CocoBoxes, collate, describe, problems
+from course_utils.data.generated_coco import annotation_path
+
+
+def test_samples_are_what_torchvision_detectors_train_on(tiny_coco):
+    dataset = CocoBoxes(tiny_coco, "val2017")
+    annotations = {a["id"]: a for a in dataset.coco.dataset["annotations"]}
+    for index in range(len(dataset)):
+        image, target = dataset[index]
+        info = dataset.coco.imgs[target["image_id"]]
+        assert image.dtype == torch.float32 and image.shape == (3, info["height"], info["width"])
+        assert 0 <= image.min() and image.max() <= 1
+        assert target["boxes"].dtype == torch.float32 and target["labels"].dtype == torch.int64
+        expected = [annotations[i] for i in dataset.coco.getAnnIds(imgIds=target["image_id"])]
+        assert target["boxes"].shape == (len(expected), 4) and target["labels"].shape == (len(expected),)
+        for box, label, annotation in zip(target["boxes"].tolist(), target["labels"].tolist(), expected):
+            x, y, w, h = annotation["bbox"]
+            assert box == pytest.approx([x, y, x + w, y + h])
+            assert dataset.categories.category_id(label) == annotation["category_id"]
+
+
+def test_an_image_without_objects_gives_empty_boxes_of_shape_0_by_4(tiny_coco):
+    dataset = CocoBoxes(tiny_coco, "train2017")
+    empty = [i for i, image_id in enumerate(dataset.images.ids) if not dataset.coco.getAnnIds(imgIds=image_id)]
+    assert empty
+    _, target = dataset[empty[0]]
+    assert target["boxes"].shape == (0, 4) and target["labels"].shape == (0,)
+
+
+def test_labels_are_contiguous_from_one_and_map_back_to_coco_ids():
+    categories = Categories.from_coco([{"id": 18, "name": "dog"}, {"id": 1, "name": "person"},
+                                       {"id": 3, "name": "car"}])
+    assert categories.num_classes == 4 and categories.names == ("person", "car", "dog")
+    assert [categories.label(i) for i in (1, 3, 18)] == [1, 2, 3]
+    assert [categories.category_id(label) for label in (1, 2, 3)] == [1, 3, 18]
+    with pytest.raises(ValueError, match="label 0 is not one of the 3 categories"):
+        categories.category_id(0)  # the background has no COCO id
+
+
+def test_crowd_regions_and_degenerate_boxes_are_left_out(tiny_coco, tmp_path):
+    root = tmp_path / "coco"
+    shutil.copytree(tiny_coco, root)
+    path = annotation_path(root, "val2017")
+    document = json.loads(path.read_text())
+    image_id = document["annotations"][0]["image_id"]
+    before = sum(a["image_id"] == image_id for a in document["annotations"])
+    document["annotations"] += [
+        {**document["annotations"][0], "id": 10_000, "iscrowd": 1},
+        {**document["annotations"][0], "id": 10_001, "bbox": [5.0, 5.0, 0.0, 3.0]},
+    ]
+    path.write_text(json.dumps(document))
+    dataset = CocoBoxes(root, "val2017")
+    _, target = dataset[dataset.images.ids.index(image_id)]
+    assert len(target["boxes"]) == before
+
+
+def test_flipping_mirrors_the_boxes_with_the_image(tiny_coco):
+    plain, flipped = CocoBoxes(tiny_coco, "val2017"), CocoBoxes(tiny_coco, "val2017", augment=True)
+    torch.manual_seed(0)
+    outcomes = set()
+    for index in range(8):
+        (image, target), (image_f, target_f) = plain[index], flipped[index]
+        width = image.shape[-1]
+        mirrored = target["boxes"][:, [2, 1, 0, 3]] * torch.tensor([-1, 1, -1, 1]) + torch.tensor([width, 0, width, 0])
+        if torch.equal(image_f, image.flip(-1)):
+            assert torch.allclose(target_f["boxes"], mirrored)
+            outcomes.add("flipped")
+        else:
+            assert torch.equal(image_f, image) and torch.equal(target_f["boxes"], target["boxes"])
+            outcomes.add("kept")
+    assert outcomes == {"flipped", "kept"}
+
+
+def test_batches_of_different_sizes_are_lists(tiny_coco):
+    loader = DataLoader(CocoBoxes(tiny_coco, "train2017"), batch_size=8, collate_fn=collate)
+    images, targets = next(iter(loader))
+    assert isinstance(images, list) and isinstance(targets, list) and len(images) == len(targets) == 8
+    assert len({tuple(image.shape) for image in images}) > 1
+    assert [t["image_id"] for t in targets] == list(range(1, 9))
+
+
+def test_a_missing_tree_names_the_command_that_prepares_it(tmp_path):
+    hint = config.prepare_command(config.SIZES["ci"], tmp_path / "coco", dataset="coco")
+    with pytest.raises(DatasetMissingError, match="python -m data_prep.tiny_coco --root .*coco") as caught:
+        CocoBoxes(tmp_path / "coco", "val2017", prepare_hint=hint)
+    assert "val2017, annotations/instances_val2017.json" in str(caught.value)
+    assert describe(tmp_path / "coco") == f"no COCO-format set in {tmp_path / 'coco'}"
+
+
+def test_problems_name_missing_images_and_annotation_files(tiny_coco, tmp_path):
+    root = tmp_path / "coco"
+    shutil.copytree(tiny_coco, root)
+    assert problems(root) == []
+    (root / "val2017" / "000000000130.jpg").unlink()
+    annotation_path(root, "train2017").write_text("not json")
+    found = problems(root)
+    assert found[0].startswith("annotations/instances_train2017.json is not a COCO annotation file")
+    assert found[1] == "val2017: 1 of 32 images missing or empty (000000000130.jpg)"
