@@ -6,7 +6,7 @@ import torch
 
 from course_utils.data.coco import CocoBoxes, collate
 from course_utils.training.detection_models import DETECTOR_NAMES, build_detector
-from course_utils.training.models import UnknownModelError
+from course_utils.training.models import UnknownModelError, build
 
 
 @pytest.mark.parametrize("name", DETECTOR_NAMES)
@@ -20,7 +20,9 @@ def test_each_detector_has_the_data_s_classes_and_no_downloaded_weights(name, mo
 
 def test_an_unknown_name_lists_the_known_ones():
     with pytest.raises(UnknownModelError, match="fasterrcnn_resnet50_fpn_v2, small_detector"):
-        build_detector("yolo", num_classes=4)
+        build("yolo", num_classes=4)
+    with pytest.raises(ValueError, match="unknown detector 'resnet18'"):
+        build_detector("resnet18", num_classes=4)
 
 
 def test_the_small_detector_trains_and_detects_on_a_batch_with_an_empty_image(tiny_coco):

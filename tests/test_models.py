@@ -7,7 +7,7 @@ from course_utils.training import models
 STEM_7x7, STEM_3x3 = 64 * 3 * 7 * 7, 64 * 3 * 3 * 3
 
 
-@pytest.mark.parametrize("name", models.MODEL_NAMES)
+@pytest.mark.parametrize("name", models.CLASSIFIER_NAMES)
 def test_output_shape(name):
     model = models.build(name).eval()
     with torch.no_grad():

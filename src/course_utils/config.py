@@ -48,6 +48,10 @@ class Size:
     lr_study_epochs: int  # notebook 08: epochs of each learning-rate scaling case
     lr_study_samples: int | None  # notebook 08: training images of each case (None: as train_samples)
     minutes_per_notebook: int  # what the README's time column promises
+    detector: str  # notebook 10, and --data coco: the detection model, its batch per process, rate and epochs
+    detection_batch_size: int
+    detection_lr: float
+    detection_epochs: int
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -89,6 +93,10 @@ SIZES: dict[str, Size] = {
         lr_study_epochs=1,
         lr_study_samples=1280,
         minutes_per_notebook=1,
+        detector="small_detector",
+        detection_batch_size=4,
+        detection_lr=0.02,
+        detection_epochs=1,
     ),
     "workshop": Size(
         name="workshop",
@@ -114,6 +122,12 @@ SIZES: dict[str, Size] = {
         lr_study_epochs=5,
         lr_study_samples=None,
         minutes_per_notebook=15,
+        # Detectron2's 1x schedule: 90,000 iterations of 16 images, about 12 epochs of COCO's 118,287; 16 images
+        # are 2 per GPU on 8 GPUs (on fewer GPUs, raise --batch-size so that the global batch stays 16).
+        detector="fasterrcnn_resnet50_fpn",
+        detection_batch_size=2,
+        detection_lr=0.02,
+        detection_epochs=12,
     ),
 }
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from course_utils.parallel import process_group
 from course_utils.training import preemption
+from course_utils.training.evaluate import score_line
 from course_utils.training.loop import Loop
 from course_utils.training.options import TrainOptions, build_parser
 from course_utils.training.preemption import Preempted
@@ -62,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {describe_error(error)}", file=sys.stderr)
         return 1
     if process_group.placement().is_main:
-        print(f"{summary['images_per_second']:.0f} images/s in steady state, test top-1 "
-              f"{summary['test_top1']:.1f} %; results in {summary['out']}")
+        print(f"{summary['images_per_second']:.0f} images/s in steady state, {score_line(summary)}; "
+              f"results in {summary['out']}")
     return 0
 
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 from torchvision import tv_tensors
 from torchvision.datasets import CocoDetection
 from torchvision.transforms import v2
@@ -60,6 +60,20 @@ class Categories:
         if not 1 <= label <= len(self.ids):
             raise ValueError(f"label {label} is not one of the {len(self.ids)} categories (labels 1..{len(self.ids)})")
         return self.ids[label - 1]
+
+
+def class_count(root: Path, split: str = "val2017") -> int:
+    """The detector's ``num_classes`` for the tree at ``root``: its categories and the background."""
+    path = annotation_path(Path(root), split)
+    if not path.is_file():
+        raise DatasetMissingError(f"COCO-format data is not in {root} (missing: {path.relative_to(root)})")
+    return Categories.from_coco(json.loads(path.read_text())["categories"]).num_classes
+
+
+def ground_truth(loader: Iterable) -> CocoBoxes:
+    """The data set behind a loader (or a rank's share of it): its COCO annotations and categories."""
+    dataset = loader.dataset
+    return dataset.dataset if isinstance(dataset, Subset) else dataset
 
 
 def missing(root: Path, split: str) -> list[str]:

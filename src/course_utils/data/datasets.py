@@ -15,11 +15,12 @@ from torch.utils.data import Dataset, Subset
 from torchvision import datasets
 from torchvision.transforms import v2
 
+from course_utils.data import coco
 from course_utils.data.cifar import VerifiedCIFAR100
 from course_utils.data.transforms import test_transform, train_transform
 
 NUM_CLASSES = 100
-DATA_SOURCES = ("cifar100", "synthetic", "imagefolder")
+DATA_SOURCES = ("cifar100", "synthetic", "imagefolder", "coco")
 
 
 class SyntheticImages(Dataset):
@@ -74,6 +75,8 @@ def _imagefolder(root: Path, split: str, transform: v2.Compose, image_size: int)
 def class_count(source: str, root: str | Path | None) -> int:
     """How many classes the model must tell apart: CIFAR-100's 100, or an ImageFolder's class folders
     (ImageNet's 1,000)."""
+    if source == "coco" and root is not None:  # its categories, and the detectors' background class
+        return coco.class_count(Path(root))
     if source != "imagefolder" or root is None:
         return NUM_CLASSES
     folder = Path(root) / "train"
@@ -91,6 +94,9 @@ def build_datasets(spec: DataSpec) -> tuple[Dataset, Dataset]:
     elif spec.source == "synthetic":
         train = SyntheticImages(spec.train_samples or 50_000, spec.image_size, seed=spec.seed)
         test = SyntheticImages(spec.test_samples or 10_000, spec.image_size, seed=spec.seed + 1)
+    elif spec.source == "coco":
+        train = coco.CocoBoxes(spec.root, "train2017", augment=spec.augment, prepare_hint=spec.prepare_hint)
+        test = coco.CocoBoxes(spec.root, "val2017", prepare_hint=spec.prepare_hint)
     elif spec.source == "imagefolder":
         if spec.root is None:
             raise ValueError("--data imagefolder needs --data-dir pointing at a folder with train/ and val/")

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
 
+from course_utils.data import coco
 from course_utils.data.dali import DaliLoader
 from course_utils.data.datasets import DataSpec, build_datasets, image_arrays, uint8_datasets
 from course_utils.data.gpu_augment import BatchAugment
@@ -30,12 +32,12 @@ class DelayedCollate:
     more workers hide it just as they would hide slow decoding.
     """
 
-    def __init__(self, delay_seconds: float) -> None:
-        self.delay_seconds = delay_seconds
+    def __init__(self, delay_seconds: float, collate: Callable[[list], Any] = default_collate) -> None:
+        self.delay_seconds, self.collate = delay_seconds, collate
 
     def __call__(self, samples: list) -> Any:
         time.sleep(self.delay_seconds)
-        return default_collate(samples)
+        return self.collate(samples)
 
 
 def leave_interrupts_to_the_trainer(worker_id: int) -> None:
@@ -63,7 +65,8 @@ def shard_sampler(dataset: Dataset, shard_id: int = 0, num_shards: int = 1, seed
 def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: int = 0,
                  pin_memory: bool = False, persistent_workers: bool = False,
                  prefetch_factor: int | None = None, drop_last: bool = False, seed: int = 0,
-                 delay_seconds: float = 0.0, shard_id: int = 0, num_shards: int = 1) -> DataLoader:
+                 delay_seconds: float = 0.0, shard_id: int = 0, num_shards: int = 1,
+                 collate: Callable[[list], Any] = default_collate) -> DataLoader:
     """A DataLoader with the knobs the course measures, reading shard ``shard_id`` of ``num_shards``.
 
     Shuffled loaders use :func:`shard_sampler`; unshuffled ones (evaluation) read every
@@ -91,7 +94,7 @@ def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: i
         prefetch_factor=prefetch_factor if workers > 0 else None,
         drop_last=drop_last,
         generator=seeded_generator(seed * 1_000 + shard_id),
-        collate_fn=DelayedCollate(delay_seconds) if delay_seconds > 0 else None,
+        collate_fn=DelayedCollate(delay_seconds, collate) if delay_seconds > 0 else collate,
         worker_init_fn=leave_interrupts_to_the_trainer if workers > 0 else None,
     )
 
@@ -135,7 +138,9 @@ def make_loaders(kind: str, spec: DataSpec, batch_size: int, device: torch.devic
     """Training and test loaders of ``kind``: ``torch`` (augmentation in the workers), ``dali``
     (an NVIDIA DALI pipeline) or ``gpu-aug`` (uint8 batches, augmented on the device)."""
     options = dict(workers=workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
-                   prefetch_factor=prefetch_factor, seed=spec.seed, shard_id=shard_id, num_shards=num_shards)
+                   prefetch_factor=prefetch_factor, seed=spec.seed, shard_id=shard_id, num_shards=num_shards,
+                   # Detection images differ in size: a batch is a list of images and a list of targets.
+                   collate=coco.collate if spec.source == "coco" else default_collate)
     if kind in ("torch", "gpu-aug"):
         train, test = build_datasets(spec) if kind == "torch" else uint8_datasets(spec)
         loaders = Loaders(

@@ -19,8 +19,6 @@ from torchvision.models.detection.faster_rcnn import FasterRCNN, FastRCNNPredict
 from torchvision.models.detection.rpn import AnchorGenerator
 from torchvision.ops import MultiScaleRoIAlign
 
-from course_utils.training.models import UnknownModelError
-
 TORCHVISION_DETECTORS: dict[str, Callable[..., FasterRCNN]] = {
     "fasterrcnn_resnet50_fpn": detection.fasterrcnn_resnet50_fpn,
     "fasterrcnn_resnet50_fpn_v2": detection.fasterrcnn_resnet50_fpn_v2,
@@ -64,4 +62,4 @@ def build_detector(name: str, num_classes: int) -> FasterRCNN:
         return TORCHVISION_DETECTORS[name](weights=None, weights_backbone=None, num_classes=num_classes)
     if name == "small_detector":
         return small_detector(num_classes)
-    raise UnknownModelError(f"unknown detector {name!r}; choose one of: {', '.join(DETECTOR_NAMES)}")
+    raise ValueError(f"unknown detector {name!r}; choose one of: {', '.join(DETECTOR_NAMES)}")

@@ -10,6 +10,13 @@ from torch import nn
 from course_utils.parallel.collectives import max_over_ranks, sum_over_ranks
 
 
+def score_line(scores: dict) -> str:
+    """The scores of an evaluation in a few words: a classifier's top-1, a detector's box AP."""
+    if "box_ap" in scores:
+        return f"box AP {scores['box_ap']:.1f} (AP50 {scores['box_ap50']:.1f})"
+    return f"test top-1 {scores['test_top1']:.1f} %"
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, device: torch.device,
              on_device: Callable[[torch.Tensor], torch.Tensor] | None = None,

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from course_utils import devices
+from course_utils.data import coco
 from course_utils.observe.clocks import StepClock
 from course_utils.observe.memory import StepMemory, measure_step
 from course_utils.observe.metrics import MetricsWriter
@@ -23,7 +24,8 @@ from course_utils.parallel.collectives import any_rank, gather, mean_over_ranks
 from course_utils.parallel.sharding import is_sharded
 from course_utils.run_folder import RunFolder
 from course_utils.training import checkpoint, preemption
-from course_utils.training.evaluate import evaluate
+from course_utils.training.detection_eval import evaluate_detection
+from course_utils.training.evaluate import evaluate, score_line
 from course_utils.training.folder_hold import FolderHold
 from course_utils.training.observers import Observers
 from course_utils.training.preemption import Preempted, StopSignals
@@ -158,8 +160,12 @@ class Loop:
         self.observers.phase(f"eval {epoch + 1}")
         start = time.perf_counter()
         with setup.autocast():
-            scores = evaluate(setup.model, setup.loaders.test, setup.device, setup.loaders.test_on_device,
-                              setup.loaders.test_sharded, lockstep=is_sharded(setup.model))
+            if self.cfg.detection:  # box AP by pycocotools' COCOeval over every rank's detections
+                data = coco.ground_truth(setup.loaders.test)
+                scores = evaluate_detection(setup.model, setup.loaders.test, setup.device, data.coco, data.categories)
+            else:
+                scores = evaluate(setup.model, setup.loaders.test, setup.device, setup.loaders.test_on_device,
+                                  setup.loaders.test_sharded, lockstep=is_sharded(setup.model))
         return {**scores, "eval_seconds": time.perf_counter() - start}
 
     def report(self, epoch: int, result: EpochResult, scores: dict[str, float]) -> None:
@@ -173,10 +179,10 @@ class Loop:
                   "ranks": ranks, **scores, **({} if result.finished else {"partial": True})}
         self.epoch_records.append(record)
         self.writer.record(record, {"epoch/seconds": result.seconds, "train/epoch_loss": result.train_loss,
-                                    "test/loss": scores["test_loss"], "test/top1": scores["test_top1"],
-                                    "test/top5": scores["test_top5"]}, epoch + 1)
+                                    **{f"test/{name.removeprefix('test_')}": value for name, value in scores.items()
+                                       if isinstance(value, float) and name != "eval_seconds"}}, epoch + 1)
         self.observers.say(f"epoch {epoch + 1}/{self.plan.epochs}: {result.seconds:.1f} s, train loss "
-                           f"{result.train_loss:.3f}, test top-1 {scores['test_top1']:.1f} %, "
+                           f"{result.train_loss:.3f}, {score_line(scores)}, "
                            f"{record['images_per_second']:.0f} images/s")
 
     def _epoch_done(self) -> bool:

@@ -16,13 +16,16 @@ import torch
 from torch import nn
 from torchvision import models as tv_models
 
+from course_utils.training.detection_models import DETECTOR_NAMES, build_detector
+
 RESNETS: dict[str, Callable[..., tv_models.ResNet]] = {
     "resnet18": tv_models.resnet18,
     "resnet50": tv_models.resnet50,
     "resnet152": tv_models.resnet152,
 }
 SMALL_MODELS = ("small_cnn", "small_cnn_gn")
-MODEL_NAMES = tuple(RESNETS) + SMALL_MODELS
+CLASSIFIER_NAMES = tuple(RESNETS) + SMALL_MODELS
+MODEL_NAMES = CLASSIFIER_NAMES + DETECTOR_NAMES  # detectors train on COCO-format data (notebook 10)
 
 
 class UnknownModelError(ValueError):
@@ -68,6 +71,8 @@ def build(name: str, num_classes: int = 100, image_size: int = 32) -> nn.Module:
         return _cifar_stem(model) if image_size < 64 else model
     if name in SMALL_MODELS:
         return small_cnn(num_classes, group_norm=name == "small_cnn_gn")
+    if name in DETECTOR_NAMES:
+        return build_detector(name, num_classes)
     raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
 
 
@@ -88,7 +93,7 @@ def has_batch_norm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-def parameter_table(names: tuple[str, ...] = MODEL_NAMES, image_size: int = 32) -> list[dict]:
+def parameter_table(names: tuple[str, ...] = CLASSIFIER_NAMES, image_size: int = 32) -> list[dict]:
     """Parameter counts of the course's models, for the notebooks' model-size questions."""
     with torch.device("meta"):  # no memory and no initialisation cost: only the shapes count
         return [

@@ -23,6 +23,7 @@ from course_utils.data.datasets import DATA_SOURCES
 from course_utils.data.loaders import LOADERS
 from course_utils.observe.monitor import BACKEND_NAMES
 from course_utils.parallel.wrappers import PARALLEL_MODES
+from course_utils.training.detection_models import DETECTOR_NAMES
 from course_utils.training.models import MODEL_NAMES
 
 AMP_DTYPES: dict[str, torch.dtype | None] = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -46,7 +47,7 @@ class TrainOptions:
 
     size: str | None = option(None, "course size; fills every option left unset (default: $COURSE_SIZE, else "
                               "workshop on a GPU machine and ci elsewhere)", choices=config.SIZES)
-    model: str | None = option(None, "network to train", choices=MODEL_NAMES)
+    model: str | None = option(None, "network to train (a detector with --data coco)", choices=MODEL_NAMES)
     epochs: int | None = option(None, "passes over the training set", at_least=1)
     max_steps: int | None = option(None, "stop after this many iterations in all, even mid-epoch", at_least=1)
     batch_size: int | None = option(None, "images per iteration and process", at_least=1)
@@ -63,8 +64,8 @@ class TrainOptions:
     prefetch_factor: int | None = option(None, "batches each worker loads ahead (default: PyTorch's, 2)",
                                          at_least=1)
     seed: int = option(0, "random seed; a CPU run with the same seed repeats exactly")
-    data: str = option("cifar100", "cifar100, synthetic random images (no I/O), or an imagefolder with train/ and "
-                       "val/", choices=DATA_SOURCES)
+    data: str = option("cifar100", "cifar100, synthetic random images (no I/O), an imagefolder with train/ and "
+                       "val/, or coco: COCO-format boxes for a detector (notebook 10)", choices=DATA_SOURCES)
     data_dir: str | None = option(None, "data root holding cifar-100-python/ (default: from the size and "
                                   "$COURSE_DATA_DIR)", metavar="DIR")
     augment: bool = option(True, "random crop and flip (--no-augment turns them off)")
@@ -136,6 +137,11 @@ class TrainOptions:
         size = config.get_size(self.size)
         values = asdict(self)
         values["size"] = size.name
+        if self.data == "coco":  # a detection run: the size's detector and its recipe
+            for name, default in (("model", size.detector), ("batch_size", size.detection_batch_size),
+                                  ("lr", size.detection_lr), ("epochs", size.detection_epochs)):
+                values[name] = default if values[name] is None else values[name]
+            values["data_dir"] = str(self.data_dir or config.data_dir(size, "coco"))
         for name in SIZE_DEPENDENT:
             if values[name] is None:
                 values[name] = getattr(size, name)
@@ -165,8 +171,30 @@ class TrainOptions:
                 wrong.append(f"{_flag(spec.name)} must be at least {low}, not {value}")
             if above is not None and value <= above:
                 wrong.append(f"{_flag(spec.name)} must be above {above}, not {value}")
+        wrong += self._task_misfits()
         if wrong:
             raise ValueError("; ".join(wrong))
+
+    @property
+    def detection(self) -> bool:
+        """Whether this run trains a detector (COCO-format data) rather than a classifier."""
+        return self.data == "coco"
+
+    def _task_misfits(self) -> list[str]:
+        """A detector on images without boxes, a classifier on boxes, and what detection does not support."""
+        if self.model is None:
+            return []
+        if self.detection and self.model not in DETECTOR_NAMES:
+            return [f"--data coco trains a detector: choose --model from {', '.join(DETECTOR_NAMES)}"]
+        if not self.detection and self.model in DETECTOR_NAMES:
+            return [f"--model {self.model} is a detector: train it on --data coco"]
+        if not self.detection:
+            return []
+        unsupported = {"loader": self.loader != "torch", "channels_last": self.channels_last,
+                       "distributed": self.distributed in ("dp", "fsdp")}
+        return [f"--{name.replace('_', '-')} {getattr(self, name)} is not supported with --data coco "
+                f"(detection uses the torch loader, NCHW images, and one device or DDP)"
+                for name, wrong in unsupported.items() if wrong]
 
 
 

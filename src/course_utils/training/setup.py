@@ -109,6 +109,13 @@ class Setup:
         self.loaders.close()
         process_group.leave()
 
+    def forward_loss(self, images: torch.Tensor | list, targets: torch.Tensor | list) -> torch.Tensor:
+        """The loss of one batch: a classifier's cross-entropy, or the sum of a detector's losses (torchvision's
+        detectors compute their own in training mode: classification and box regression, RPN and heads)."""
+        if self.cfg.detection:
+            return sum(self.step_model(images, targets).values())
+        return self.criterion(self.step_model(images), targets)
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """Mixed precision for the forward pass where the run asks for it."""
         if self.autocast_dtype is None:
@@ -137,7 +144,7 @@ def _loaders(cfg: TrainOptions, where: process_group.Placement, device: torch.de
     spec = DataSpec(source=cfg.data, root=Path(cfg.data_dir) if cfg.data_dir else None,
                     image_size=cfg.image_size, augment=cfg.augment, train_samples=cfg.train_samples,
                     test_samples=cfg.test_samples, seed=cfg.seed,
-                    prepare_hint=config.prepare_command(size, cfg.data_dir))
+                    prepare_hint=config.prepare_command(size, cfg.data_dir, "coco" if cfg.detection else "cifar100"))
     pin_memory = device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory
     return make_loaders(cfg.loader, spec, cfg.batch_size, device, workers=cfg.workers, pin_memory=pin_memory,
                         persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor,

@@ -7,6 +7,7 @@ precision, ``no_sync`` for gradient accumulation under DDP, and the named ranges
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -23,7 +24,7 @@ def train_step(setup: Setup, batches: Sequence[tuple[torch.Tensor, torch.Tensor]
     for index, (images, labels) in enumerate(batches):
         with no_sync(setup.wrapped, sync=index == len(batches) - 1):
             with ranges("forward"), setup.autocast():
-                loss = setup.criterion(setup.step_model(images), labels) / len(batches)
+                loss = setup.forward_loss(images, labels) / len(batches)
             with ranges("backward"):
                 setup.scaler.scale(loss).backward()
         total += loss.detach()
@@ -43,12 +44,23 @@ def next_batch(iterator: Iterator, device: torch.device, ranges: Ranges, channel
             images, labels = next(iterator)
         except StopIteration:
             return None
-        images = images.to(device, non_blocking=True)
+        images = to_device(images, device)
         if on_device is not None:
             images = on_device(images)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        return images, labels.to(device, non_blocking=True)
+        return images, to_device(labels, device)
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    """A batch's tensors on ``device``: a tensor, or the lists of images and target dicts of detection."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, list):
+        return [to_device(item, device) for item in value]
+    if isinstance(value, dict):
+        return {key: to_device(item, device) for key, item in value.items()}
+    return value
 
 
 def next_step_batches(iterator: Iterator, setup: Setup, ranges: Ranges) -> list | None:

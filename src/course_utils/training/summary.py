@@ -21,6 +21,7 @@ from course_utils.observe.memory import StepMemory
 from course_utils.observe.monitor import Monitor
 from course_utils.parallel.collectives import gather
 from course_utils.training import models
+from course_utils.training.detection_eval import METRICS
 from course_utils.training.schedule import Plan
 from course_utils.training.setup import Setup
 
@@ -93,7 +94,7 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
     last = epoch_records[-1]
     rate = sum(r["images_per_second"] for r in ranks)  # every rank trains its own images at the same time
     dp_devices = (len(setup.wrapped.device_ids) or 1) if cfg.distributed == "dp" else None
-    work = flops.training_flops_per_image(
+    work = None if cfg.detection else flops.training_flops_per_image(  # detectors take lists of images
         lambda: models.build(cfg.model, num_classes=class_count(cfg.data, cfg.data_dir), image_size=cfg.image_size),
         cfg.image_size)
     peak = flops.peak_tflops(devices.device_name(device), cfg.amp)
@@ -108,9 +109,11 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         "steps": steps,
         "steps_per_epoch": plan.steps_per_epoch,
         "final_train_loss": last["train_loss"],
-        "test_loss": last["test_loss"],
-        "test_top1": last["test_top1"],
-        "test_top5": last["test_top5"],
+        **{name: last.get(name) for name in ("test_loss", "test_top1", "test_top5")},
+        **{name: last[name] for name in METRICS if name in last},  # a detector's box AP
+        # Seconds per iteration as Detectron2 reports them: the median step, every rank's images together.
+        "seconds_per_iteration": max((r["steady_iteration_seconds"] for r in ranks
+                                      if r["steady_iteration_seconds"] is not None), default=None),
         "world_size": world,
         "distributed": cfg.distributed,
         "data_parallel_devices": dp_devices,
@@ -120,8 +123,8 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         "device_type": device.type,
         "parameters": models.count_parameters(setup.model),
         "training_flops_per_image": work,
-        # Achieved FLOP/s over the devices' dense peak for this precision; None where the peak is not known.
-        "mfu": flops.mfu(rate, work, devices.device_name(device), cfg.amp, devices=dp_devices or world),
+        # Achieved FLOP/s over the devices' dense peak for this precision; None where the peak or the work is not known.
+        "mfu": work and flops.mfu(rate, work, devices.device_name(device), cfg.amp, devices=dp_devices or world),
         "peak_tflops": peak[0] if peak else None,
         "peak_source": peak[1] if peak else None,
         "train_samples": plan.steps_per_epoch * setup.images_per_step * world,

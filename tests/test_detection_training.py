@@ -1,0 +1,58 @@
+"""Detection is a task of the one training command: the same loop, DDP, checkpoints and resume, with box AP
+from pycocotools and seconds per iteration in the summary, on the tiny COCO-format set."""
+
+import json
+
+import pytest
+
+from course_utils.parallel.launch import launch
+from course_utils.run_folder import RunFolder
+from course_utils.train import main, train
+from course_utils.training.options import to_flags
+
+
+def _options(tiny_coco, out, **extra) -> dict:
+    return {"size": "ci", "data": "coco", "data_dir": str(tiny_coco), "workers": 0, "device": "cpu",
+            "progress": False, "out": str(out), **extra}
+
+
+@pytest.mark.slow
+def test_a_short_cpu_run_moves_box_ap_above_zero_and_reports_seconds_per_iteration(tiny_coco, tmp_path, capsys):
+    summary = train(**_options(tiny_coco, tmp_path / "run", log_every=8))
+    assert summary["config"]["model"] == "small_detector" and summary["global_batch_size"] == 4
+    assert summary["box_ap"] > 0 and summary["box_ap50"] >= summary["box_ap"]
+    assert summary["seconds_per_iteration"] > 0 and summary["test_top1"] is None and summary["mfu"] is None
+    epoch = [json.loads(line) for line in RunFolder(tmp_path / "run").metrics.read_text().splitlines()][-1]
+    assert epoch["kind"] == "epoch" and epoch["box_ap"] == summary["box_ap"]
+    assert "box AP" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_ddp_ranks_train_a_detector_and_resume_it(tiny_coco, tmp_path):
+    out = tmp_path / "ddp"
+
+    def run(**extra):
+        result = launch(2, "course_utils.train", *to_flags(**_options(tiny_coco, out, distributed="ddp",
+                                                                      log_every=1, **extra)),
+                        log_dir=tmp_path / "logs", echo=False, timeout_seconds=300)
+        assert result.ok, "\n".join(result.lines[-30:])
+        return result
+
+    run(max_steps=2, checkpoint_every=1)
+    resumed = run(max_steps=4, resume="auto")
+    assert "resuming from" in "\n".join(resumed.lines) and resumed.summary["steps"] == 4
+    assert resumed.summary["world_size"] == 2 and resumed.summary["global_batch_size"] == 8
+    assert list(resumed.per_rank["steps"]) == [4, 4] and resumed.summary["box_ap"] is not None
+
+
+def test_a_detector_needs_boxes_and_a_classifier_needs_labels(tiny_coco, tiny_root, tmp_path, capsys):
+    assert main(to_flags(**_options(tiny_coco, tmp_path / "a", model="resnet18"))) == 1
+    assert "--data coco trains a detector: choose --model from" in capsys.readouterr().err
+    assert main(to_flags(size="ci", data_dir=str(tiny_root), model="small_detector", out=str(tmp_path / "b"))) == 1
+    assert "--model small_detector is a detector: train it on --data coco" in capsys.readouterr().err
+    assert main(to_flags(**_options(tiny_coco, tmp_path / "c", loader="gpu-aug"))) == 1
+    assert "--loader gpu-aug is not supported with --data coco" in capsys.readouterr().err
+    missing = tmp_path / "nothing"
+    assert main(to_flags(**_options(missing, tmp_path / "d"))) == 1
+    assert "python -m data_prep" in capsys.readouterr().err
