@@ -19,7 +19,7 @@ PIP_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup data lab lint bytecode test test-quick tensorboard clean
+.PHONY: help setup data lab lint bytecode test test-quick tensorboard figures clean
 
 help:
 	@echo "make lab          set up .venv, prepare the data for the active size, start JupyterLab"
@@ -29,6 +29,7 @@ help:
 	@echo "make setup        only create .venv and install the pinned packages and course_utils"
 	@echo "make data         only prepare the data for the active size (COURSE_SIZE=ci|workshop)"
 	@echo "make tensorboard  serve the runs' TensorBoard logs on 127.0.0.1:6006"
+	@echo "make figures      draw the lessons' diagrams into img/ (course_utils.lessons.diagrams)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -74,6 +75,10 @@ test-quick: lint
 
 tensorboard: setup
 	$(BIN)/tensorboard --logdir $${COURSE_RUNS_DIR:-runs} --host 127.0.0.1 --port 6006
+
+# The diagrams the notebooks show, drawn by code so that a change to one is a change to its code.
+figures: setup
+	$(BIN)/python -m course_utils.lessons.diagrams img
 
 clean:
 	rm -rf runs .pytest_cache
