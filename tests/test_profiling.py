@@ -76,3 +76,33 @@ def test_a_compute_bound_gpu_run_reads_the_device_clock():
     assert "largest phase on the device clock is `backward`" in text
     cpu = answers.phase_answer(_gpu_phases([5, 20, 60, 15], [float("nan")] * 4), "cpu")
     assert "Device clock" not in cpu and "largest phase on the host clock is `backward`" in cpu
+
+
+@pytest.mark.slow
+def test_the_recorded_trace_draws_as_a_timeline_whose_labels_do_not_overlap(traced):
+    import matplotlib.pyplot as plt
+
+    from course_utils.observe import trace_timeline
+
+    spans = trace_timeline.read_spans(traced / "trace.json")
+    iterations = spans[spans["kind"] == "iteration"]
+    assert len(iterations) == 5 and spans["start_ms"].min() >= 0  # the schedule's active steps, from the first
+    phases = spans[spans["kind"] == "phase"]
+    assert list(phases["name"][:4]) == list(PHASES) and len(phases) == 4 * len(iterations)
+    for step in iterations.itertuples():  # every phase lies inside its iteration
+        inside = phases[(phases["start_ms"] >= step.start_ms) & (phases["end_ms"] <= step.end_ms)]
+        assert list(inside["name"]) == list(PHASES)
+    fig = trace_timeline.draw(traced / "trace.json")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    labels = [text.get_window_extent(renderer) for text in fig.axes[0].texts]
+    assert len(labels) >= 3  # the wide spans are named
+    assert not [(a, b) for i, a in enumerate(labels) for b in labels[i + 1:] if a.overlaps(b)]
+    plt.close(fig)
+
+
+def test_a_missing_trace_says_how_to_record_one(tmp_path):
+    from course_utils.observe import trace_timeline
+
+    with pytest.raises(FileNotFoundError, match="trace="):
+        trace_timeline.read_spans(tmp_path / "trace.json")
