@@ -106,3 +106,27 @@ def test_a_missing_trace_says_how_to_record_one(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="trace="):
         trace_timeline.read_spans(tmp_path / "trace.json")
+
+
+def test_a_gpu_trace_gets_a_row_per_device_stream(tmp_path):
+    """The events a GPU run adds, in the form torch.profiler exports them: the ranges again on the device
+    (gpu_user_annotation) and the kernels, both under the device's id (pid) and stream (tid)."""
+    import matplotlib.pyplot as plt
+
+    from course_utils.observe import trace_timeline
+
+    host = {"ph": "X", "pid": 4242, "tid": 4242}
+    device = {"ph": "X", "pid": 0, "tid": 7}
+    events = [{**host, "cat": "user_annotation", "name": "ProfilerStep#7", "ts": 1000.0, "dur": 900.0},
+              {**host, "cat": "user_annotation", "name": "forward", "ts": 1100.0, "dur": 300.0},
+              {**host, "cat": "cpu_op", "name": "aten::conv2d", "ts": 1110.0, "dur": 50.0},
+              {**device, "cat": "gpu_user_annotation", "name": "forward", "ts": 1150.0, "dur": 320.0},
+              {**device, "cat": "kernel", "name": "void implicit_convolve_sgemm", "ts": 1160.0, "dur": 80.0},
+              {"ph": "M", "pid": 0, "tid": 7, "name": "thread_name", "args": {"name": "stream 7"}}]
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    spans = trace_timeline.read_spans(tmp_path / "trace.json")
+    assert set(spans["row"]) == {"host thread 4242: iterations", "host thread 4242: phases",
+                                 "device 0 stream 7: phases", "device 0 stream 7: kernels"}
+    kernel = spans[spans["kind"] == "kernel"].iloc[0]
+    assert (kernel["start_ms"], kernel["end_ms"]) == (pytest.approx(0.16), pytest.approx(0.24))
+    plt.close(trace_timeline.draw(tmp_path / "trace.json"))
