@@ -19,7 +19,7 @@ PIP_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup data lab lint bytecode test test-quick tensorboard clean
+.PHONY: help setup data lab lint bytecode test test-quick tensorboard figures screenshots clean
 
 help:
 	@echo "make lab          set up .venv, prepare the data for the active size, start JupyterLab"
@@ -29,6 +29,8 @@ help:
 	@echo "make setup        only create .venv and install the pinned packages and course_utils"
 	@echo "make data         only prepare the data for the active size (COURSE_SIZE=ci|workshop)"
 	@echo "make tensorboard  serve the runs' TensorBoard logs on 127.0.0.1:6006"
+	@echo "make figures      draw the lessons' diagrams into img/ (course_utils.lessons.diagrams)"
+	@echo "make screenshots  run notebooks 00-02 in Chromium and refresh the reference screenshots in img/screenshots/"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -73,7 +75,15 @@ test-quick: lint
 	COURSE_SIZE=ci $(BIN)/python -m pytest -m "not slow and not distributed" tests
 
 tensorboard: setup
-	$(BIN)/tensorboard --logdir $${COURSE_RUNS_DIR:-runs} --host 127.0.0.1 --port 6006
+	$(BIN)/tensorboard --logdir $${COURSE_RUNS_DIR:-runs} --host 127.0.0.1 --port $${COURSE_TENSORBOARD_PORT:-6006}
+
+# The diagrams the notebooks show, drawn by code so that a change to one is a change to its code.
+figures: setup
+	$(BIN)/python -m course_utils.lessons.diagrams img
+
+# The browser test (Debian's chromium) run for its screenshots: img/screenshots/ gets one per notebook.
+screenshots: setup
+	COURSE_UPDATE_SCREENSHOTS=1 COURSE_SIZE=ci $(BIN)/python -m pytest tests/test_browser.py
 
 clean:
 	rm -rf runs .pytest_cache

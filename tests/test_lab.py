@@ -39,6 +39,17 @@ def test_tensorboard_is_found_from_a_kernel_whose_path_lacks_the_venv(monkeypatc
     assert shutil.which("tensorboard") == program
 
 
+def test_tensorboard_moves_to_the_port_the_environment_names(monkeypatch):
+    """A shared node (or the browser test) may have 6006 taken: COURSE_TENSORBOARD_PORT moves the notebooks'
+    TensorBoard, and make tensorboard's."""
+    monkeypatch.delenv(tensorboard.PORT_VARIABLE, raising=False)
+    assert tensorboard.command(Path("runs")).endswith("--port 6006")
+    monkeypatch.setenv(tensorboard.PORT_VARIABLE, "16006")
+    assert tensorboard.command(Path("runs")).endswith("--port 16006")
+    dry_run = subprocess.run(["make", "-n", "tensorboard"], cwd=checkout_root(), capture_output=True, text=True).stdout
+    assert "--port ${COURSE_TENSORBOARD_PORT:-6006}" in dry_run
+
+
 def _save_hook():
     """The hook that `make lab`'s server configuration installs, read from that file as Jupyter reads it."""
     from traitlets.config import Config

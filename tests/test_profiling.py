@@ -76,3 +76,57 @@ def test_a_compute_bound_gpu_run_reads_the_device_clock():
     assert "largest phase on the device clock is `backward`" in text
     cpu = answers.phase_answer(_gpu_phases([5, 20, 60, 15], [float("nan")] * 4), "cpu")
     assert "Device clock" not in cpu and "largest phase on the host clock is `backward`" in cpu
+
+
+@pytest.mark.slow
+def test_the_recorded_trace_draws_as_a_timeline_whose_labels_do_not_overlap(traced):
+    import matplotlib.pyplot as plt
+
+    from course_utils.observe import trace_timeline
+
+    spans = trace_timeline.read_spans(traced / "trace.json")
+    iterations = spans[spans["kind"] == "iteration"]
+    assert len(iterations) == 5 and spans["start_ms"].min() >= 0  # the schedule's active steps, from the first
+    phases = spans[spans["kind"] == "phase"]
+    assert list(phases["name"][:4]) == list(PHASES) and len(phases) == 4 * len(iterations)
+    for step in iterations.itertuples():  # every phase lies inside its iteration
+        inside = phases[(phases["start_ms"] >= step.start_ms) & (phases["end_ms"] <= step.end_ms)]
+        assert list(inside["name"]) == list(PHASES)
+    fig = trace_timeline.draw(traced / "trace.json")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    labels = [text.get_window_extent(renderer) for text in fig.axes[0].texts]
+    assert len(labels) >= 3  # the wide spans are named
+    assert not [(a, b) for i, a in enumerate(labels) for b in labels[i + 1:] if a.overlaps(b)]
+    plt.close(fig)
+
+
+def test_a_missing_trace_says_how_to_record_one(tmp_path):
+    from course_utils.observe import trace_timeline
+
+    with pytest.raises(FileNotFoundError, match="trace="):
+        trace_timeline.read_spans(tmp_path / "trace.json")
+
+
+def test_a_gpu_trace_gets_a_row_per_device_stream(tmp_path):
+    """The events a GPU run adds, in the form torch.profiler exports them: the ranges again on the device
+    (gpu_user_annotation) and the kernels, both under the device's id (pid) and stream (tid)."""
+    import matplotlib.pyplot as plt
+
+    from course_utils.observe import trace_timeline
+
+    host = {"ph": "X", "pid": 4242, "tid": 4242}
+    device = {"ph": "X", "pid": 0, "tid": 7}
+    events = [{**host, "cat": "user_annotation", "name": "ProfilerStep#7", "ts": 1000.0, "dur": 900.0},
+              {**host, "cat": "user_annotation", "name": "forward", "ts": 1100.0, "dur": 300.0},
+              {**host, "cat": "cpu_op", "name": "aten::conv2d", "ts": 1110.0, "dur": 50.0},
+              {**device, "cat": "gpu_user_annotation", "name": "forward", "ts": 1150.0, "dur": 320.0},
+              {**device, "cat": "kernel", "name": "void implicit_convolve_sgemm", "ts": 1160.0, "dur": 80.0},
+              {"ph": "M", "pid": 0, "tid": 7, "name": "thread_name", "args": {"name": "stream 7"}}]
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    spans = trace_timeline.read_spans(tmp_path / "trace.json")
+    assert set(spans["row"]) == {"host thread 4242: iterations", "host thread 4242: phases",
+                                 "device 0 stream 7: phases", "device 0 stream 7: kernels"}
+    kernel = spans[spans["kind"] == "kernel"].iloc[0]
+    assert (kernel["start_ms"], kernel["end_ms"]) == (pytest.approx(0.16), pytest.approx(0.24))
+    plt.close(trace_timeline.draw(tmp_path / "trace.json"))

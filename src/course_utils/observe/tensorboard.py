@@ -31,15 +31,23 @@ def read_scalars(logdir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["tag", "step", "value", "wall_time"])
 
 
-def command(logdir: Path, port: int = 6006) -> str:
+PORT_VARIABLE = "COURSE_TENSORBOARD_PORT"  # another port where 6006 is taken (a shared node, the browser test)
+
+
+def default_port() -> int:
+    """TensorBoard's port: ``$COURSE_TENSORBOARD_PORT``, else TensorBoard's own 6006."""
+    return int(os.environ.get(PORT_VARIABLE) or 6006)
+
+
+def command(logdir: Path, port: int | None = None) -> str:
     """The shell command that serves ``logdir`` on localhost only."""
-    return f"tensorboard --logdir {logdir} --host 127.0.0.1 --port {port}"
+    return f"tensorboard --logdir {logdir} --host 127.0.0.1 --port {port or default_port()}"
 
 
 BEHIND_PROXY_VARIABLE = "COURSE_TENSORBOARD_APP"  # set by jobs/lumi/jupyter_init.sh in LUMI's Jupyter app
 
 
-def show(logdir: Path, port: int = 6006) -> None:
+def show(logdir: Path, port: int | None = None) -> None:
     """Start TensorBoard inside the notebook when someone is watching, else print how to start it.
 
     Behind a web portal's proxy (LUMI's web interface) the inline view's frame points at the
@@ -57,7 +65,7 @@ def show(logdir: Path, port: int = 6006) -> None:
     put_this_python_on_path()
     shell = get_ipython()
     shell.extension_manager.load_extension("tensorboard")  # silent when a second run finds it loaded
-    shell.run_line_magic("tensorboard", f"--logdir {logdir} --host 127.0.0.1 --port {port}")
+    shell.run_line_magic("tensorboard", f"--logdir {logdir} --host 127.0.0.1 --port {port or default_port()}")
 
 
 def put_this_python_on_path() -> str | None:
