@@ -91,12 +91,13 @@ def parallel_shape(gpus: int | None = None) -> ParallelShape:
     return ParallelShape(gpus, gpus, "auto") if gpus >= 2 else ParallelShape(gpus, CPU_RANKS, "cpu")
 
 
-def run_ranks(nproc: int, out: Path, echo: bool = False, distributed: str = "ddp", **options: Any) -> dict[str, Any]:
+def run_ranks(nproc: int, out: Path, echo: bool = False, distributed: str = "ddp", env: dict[str, str] | None = None,
+              **options: Any) -> dict[str, Any]:
     """``options`` trained with DDP (or FSDP) on ``nproc`` ranks under torchrun; the run's summary, or an
-    error with the end of torchrun's output when a rank failed."""
+    error with the end of torchrun's output when a rank failed. ``env``: variables for the ranks."""
     result = launch(nproc, "course_utils.train", *to_flags(**{**SCRATCH, **options}, distributed=distributed,
                                                            out=out),
-                    log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=echo)
+                    log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=echo, env=env)
     if not result.ok:
         tail = "\n".join(result.lines[-15:])
         raise RuntimeError(f"{distributed.upper()} on {nproc} ranks failed (exit {result.returncode}):\n{tail}")

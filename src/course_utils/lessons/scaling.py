@@ -51,7 +51,9 @@ def table(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
         "global_batch": s["global_batch_size"],
         "images_per_second": s["images_per_second"],
         "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in s["per_rank"]),
+        "wall_seconds": sum(s["epoch_seconds"]),
         "device": s["device"],
+        **({"box_ap": s["box_ap"]} if "box_ap" in s else {}),  # a detector's runs: what the speed cost in accuracy
     } for s in summaries]).sort_values("ranks").reset_index(drop=True)
     base = rows.iloc[0]
     rows["speedup"] = rows["images_per_second"] / base["images_per_second"]

@@ -1,0 +1,39 @@
+"""Record the detector's seconds per iteration per world size at a fixed global batch (notebook 10).
+
+    COURSE_SIZE=workshop python benchmarks/detection.py --steps 200        # R50-FPN on COCO 2017, 1..N GPUs
+    COURSE_SIZE=ci python benchmarks/detection.py                          # the small detector, CPU ranks
+
+The global batch is 16 at workshop size on 8 devices (the team's 1x recipe: 16/N images per GPU);
+``--global-batch`` sets another. Rows hold s/it, images per second, speed-up and efficiency, beside
+the cluster team's A100 figures in notebook 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+from course_utils import config
+from course_utils.devices import device_name
+from course_utils.lessons import data_parallel, detection, reference
+
+
+def main() -> None:
+    size = config.get_size()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=size.parallel_steps)
+    parser.add_argument("--global-batch", type=int, default=None)
+    parser.add_argument("--amp", default="off", choices=("off", "fp16", "bf16"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as out:
+        table = detection.fixed_global_batch(global_batch=args.global_batch, out=out, max_steps=args.steps,
+                                             amp=args.amp)
+    print(table.round(3).to_string(index=False))
+    rows = [{"size": size.name, "model": size.detector, "steps": args.steps, "amp": args.amp, **row}
+            for row in table.to_dict("records")]
+    shape = data_parallel.parallel_shape()
+    print(f"recorded in {reference.record('detection', rows, device_name(shape.rank_device))}")
+
+
+if __name__ == "__main__":
+    main()
