@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from course_utils.lessons import detection
 from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
 from course_utils.train import main, train
@@ -56,3 +57,10 @@ def test_a_detector_needs_boxes_and_a_classifier_needs_labels(tiny_coco, tiny_ro
     missing = tmp_path / "nothing"
     assert main(to_flags(**_options(missing, tmp_path / "d"))) == 1
     assert "python -m data_prep" in capsys.readouterr().err
+
+
+def test_the_teams_table_gives_speed_up_from_seconds_per_iteration():
+    table = detection.team_table().set_index(["gpus", "interconnect"])
+    assert table.loc[(2, "NVLink (HGX)"), "speedup"] == pytest.approx(0.6053 / 0.2942)
+    assert table.loc[(4, "NVLink (HGX)"), "efficiency"] == pytest.approx(0.6053 / 0.1636 / 4)
+    assert table.loc[(2, "PCIe"), "speedup"] < table.loc[(2, "NVLink (HGX)"), "speedup"]

@@ -93,14 +93,16 @@ def monitor_frame(run: str | Path) -> pd.DataFrame:
 
 
 def answer(scaled: pd.DataFrame, steps: pd.DataFrame, found: transport.Transport, amp: pd.DataFrame,
-           where: str) -> str:
+           where: str, on_gpus: bool) -> str:
     """Markdown: the team's questions answered from the runs just made."""
     last = scaled.iloc[-1]
     team = team_table().set_index(["gpus", "interconnect"])
     team_two = team.loc[(2, "NVLink (HGX)")]
     hidden = steps["hidden_ms"].sum() / steps["communication_ms"].sum() if steps["communication_ms"].sum() else 0.0
     return "\n".join([
-        f"- Where the ranks ran: {where}.",
+        f"- Where the ranks ran: {where}." + ("" if on_gpus else " These are CPU processes: their speeds show the "
+                                               "mechanics, vary with what else the machine runs, and are not GPU "
+                                               "figures; the team's table is."),
         f"- **Scaling at a fixed global batch of {int(last['global_batch'])}**: {int(last['ranks'])} ranks ran at "
         f"**{last['steady_iteration_seconds']:.3f} s/it** against **{scaled.iloc[0]['steady_iteration_seconds']:.3f}** "
         f"on {int(scaled.iloc[0]['ranks'])}: a speed-up of **{last['speedup']:.2f}x**, efficiency "
