@@ -105,3 +105,11 @@ def test_same_training_is_read_from_the_measured_spread_not_asserted():
     apart = answers.progression_answer(_progression([2.00, 2.02, 2.60, 2.03], [40.0, 41.0, 30.0, 40.5],
                                                     [0.5, 0.5, 0.6, 9.4]))
     assert "Same training? Not shown" in apart and "furthest is **+ fused optimizer**" in apart
+
+
+def test_energy_per_image_is_read_where_power_was_measured_and_its_absence_said():
+    unmeasured = answers.progression_answer(_progression([2.0] * 4, [40.0] * 4, [0.5] * 4))
+    assert "**Energy**: not measured here: this device reports no power" in unmeasured
+    measured = _progression([2.0] * 4, [40.0] * 4, [0.5] * 4).assign(joules_per_image=[0.8, 0.75, 0.7, 0.5])
+    assert "**0.500 J** per image at the fastest stage against **0.800 J** in fp32 (1.60x less)" in \
+        answers.progression_answer(measured)

@@ -221,9 +221,22 @@ def progression_answer(table: pd.DataFrame) -> str:
         lines.append(f"- **{row.stage}**: {row.status}.")
     best = ran.loc[ran["images_per_second"].idxmax()]
     lines.append(f"- Fastest: **{best['stage']}** at **{best['speedup']:.2f}x** the fp32 baseline.")
+    lines.append(_energy(ran, best))
     lines += _compile_cost(ran)
     lines.append(_same_training(ran))
     return "\n".join(lines)
+
+
+def _energy(ran: pd.DataFrame, best: pd.Series) -> str:
+    """Joules per image of the baseline and of the fastest stage, or why there are none."""
+    energy = ran["joules_per_image"] if "joules_per_image" in ran else pd.Series(dtype=float)
+    if energy.isna().all():
+        return ("- **Energy**: not measured here: this device reports no power (a CPU, or an MI250X's second GCD). "
+                "With NVML or AMD SMI the table gives each stage's joules per image.")
+    base = ran.iloc[0]
+    return (f"- **Energy**: **{best['joules_per_image']:.3f} J** per image at the fastest stage against "
+            f"**{base['joules_per_image']:.3f} J** in fp32 ({base['joules_per_image'] / best['joules_per_image']:.2f}x "
+            "less): a faster step at similar power costs less energy per image.")
 
 
 SAME_LOSS = 0.05  # final training losses within 5 % of the baseline's: rounding, not another training

@@ -137,7 +137,8 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
     DataParallel gets the per-device batch times its GPU count (it splits one batch), DDP runs one
     process per device with the per-device batch; so every mode puts the same work on each device.
     ``ddp_summary``: a DDP run made already with the same settings, used instead of a new one when it has
-    the ranks this comparison needs (on one GPU a run of two CPU ranks does not: it runs one rank on the GPU).
+    the ranks and steps this comparison needs (on one GPU a run of two CPU ranks does not: it runs one rank on
+    the GPU).
     Every run is monitored: :func:`device_readings` lists each device's utilization, memory and power.
     """
     size = config.get_size(options.get("size"))
@@ -157,7 +158,8 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
                              train(**common, batch_size=batch * dp_devices, distributed="dp", out=out / "dp"),
                              dp_devices))
         elif mode == "ddp":
-            reusable = ddp_summary is not None and ddp_summary["world_size"] == ddp_ranks
+            reusable = (ddp_summary is not None and ddp_summary["world_size"] == ddp_ranks
+                        and ddp_summary["steps"] == steps)
             summary = ddp_summary if reusable else run_ranks(ddp_ranks, out / "ddp", batch_size=batch, **common)
             rows.append(_row(f"DDP, {summary['world_size']} ranks", summary, summary["world_size"]))
         else:

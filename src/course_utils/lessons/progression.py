@@ -76,7 +76,8 @@ def unavailable(stage: Stage, device: torch.device, model: str) -> str | None:
 
 def run_progression(out_dir: Path, stages: tuple[Stage, ...] = STAGES, **train_options) -> pd.DataFrame:
     """Train every available stage (cumulatively) and return one row per stage."""
-    train_options = {"loader": PROGRESSION_LOADER, "overwrite": True, **train_options}  # the lesson's own folders
+    # The lesson's own folders; every stage monitored, for its energy per image where the device reports power.
+    train_options = {"loader": PROGRESSION_LOADER, "overwrite": True, "monitor": "auto", **train_options}
     device = devices.default_device()
     device_label = devices.device_name(device)
     accumulated: dict = {}
@@ -98,6 +99,7 @@ def run_progression(out_dir: Path, stages: tuple[Stage, ...] = STAGES, **train_o
             "speedup": summary["images_per_second"] / baseline,
             "mfu": summary["mfu"],  # of the peak for this stage's precision: a 16-bit stage is held to more
             "peak_memory_mib": summary["peak_memory_allocated_mib"],
+            "joules_per_image": summary["joules_per_image"],  # None where the device reports no power
             "first_iteration_s": summary["first_iteration_seconds"][0],
             "final_train_loss": summary["final_train_loss"], "test_top1": summary["test_top1"],
             "options": ", ".join(f"{k}={v}" for k, v in accumulated.items()) or "defaults", "run": str(run_dir),
