@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from course_utils.config import checkout_root
 from course_utils.data import generated_coco
 from course_utils.data.generated_cifar100 import generate
+from course_utils.lessons import cloud_vms
 from course_utils.parallel import process_group
 from course_utils.parallel.launch import LaunchResult, launch
 from course_utils.run_folder import RunFolder
@@ -57,18 +54,7 @@ def free_port() -> int:
 def two_cloud_nodes(tmp_path: Path, free_port: int) -> Callable[[list[str]], dict[str, Any]]:
     """``two_cloud_nodes(args)``: ``jobs/cloud/run_node.sh ARGS --out OUT`` started twice, as two VMs with one process
     each that meet through c10d on this machine; returns the run's summary after both ended well."""
-
-    def run(args: list[str]) -> dict[str, Any]:
-        out = tmp_path / "run"
-        env = {**os.environ, "HEAD": "127.0.0.1", "PORT": str(free_port), "NNODES": "2", "NPROC_PER_NODE": "1",
-               "COURSE_VENV": sys.prefix, "COURSE_SIZE": "ci", "RUN_ID": tmp_path.name}
-        nodes = [subprocess.Popen(["jobs/cloud/run_node.sh", *args, "--out", str(out)], cwd=checkout_root(), env=env,
-                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
-        outputs = [node.communicate(timeout=300)[0] for node in nodes]
-        assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
-        return _summary(out)
-
-    return run
+    return lambda args: cloud_vms.local_vms(2, tmp_path / "run", "--size", "ci", *args, port=free_port, timeout=300)
 
 
 def _weights(out: Path | str) -> dict[str, torch.Tensor]:

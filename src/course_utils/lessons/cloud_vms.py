@@ -11,12 +11,16 @@ Its numbers are reported, not measured by this course; the learner's row comes f
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from course_utils import config
+from course_utils.parallel import process_group
 from course_utils.run_folder import RunFolder
 
 CLASS_RESULT = {"who": "the class (2 x g4dn.2xlarge, T4)", "vms": (1, 2), "seconds": (57 * 60 + 32, 31 * 60 + 18),
@@ -41,6 +45,24 @@ def comparison(small: dict[str, Any], large: dict[str, Any]) -> pd.DataFrame:
     utilization = "see each node's monitor" if large.get("monitor") else "not sampled (--monitor)"
     return pd.DataFrame([_row(CLASS_RESULT["who"], CLASS_RESULT["vms"], CLASS_RESULT["seconds"],
                               CLASS_RESULT["gpu_utilization"]), _row(device, ranks, seconds, utilization)])
+
+
+def local_vms(vms: int, out: str | Path, *flags: str, port: int | None = None, timeout: float = 600) -> dict[str, Any]:
+    """``jobs/cloud/run_node.sh FLAGS --out OUT`` started ``vms`` times on this machine, as that many VMs with one
+    process each that meet through c10d, the way the recipe runs on real VMs; the run's summary."""
+    env = {**os.environ, "HEAD": "127.0.0.1", "PORT": str(port or process_group.free_port()), "NNODES": str(vms),
+           "NPROC_PER_NODE": "1", "COURSE_VENV": sys.prefix, "RUN_ID": f"{Path(out).name}-{os.getpid()}"}
+    script = config.checkout_root() / "jobs" / "cloud" / "run_node.sh"
+    nodes = [subprocess.Popen([str(script), *flags, "--out", str(out)], cwd=config.checkout_root(), env=env,
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(vms)]
+    outputs = [node.communicate(timeout=timeout)[0] for node in nodes]
+    failed = [(number, output) for number, (node, output) in enumerate(zip(nodes, outputs)) if node.returncode]
+    if failed:
+        number, output = failed[0]
+        lines = output.splitlines()
+        said = [line for line in lines if line.startswith("error:")]  # the training command's own one line
+        raise RuntimeError(f"VM {number + 1} of {vms} failed:\n" + "\n".join(said[:1] or lines[-15:]))
+    return RunFolder(out).read_summary()
 
 
 def main(argv: list[str] | None = None) -> int:
