@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils import config
-from course_utils.data.cifar import DatasetMissingError
-from course_utils.data.coco import Categories, CocoBoxes, collate, describe, problems
+from course_utils.data.cifar import DatasetCorruptError, DatasetMissingError
+from course_utils.data.coco import Categories, CocoBoxes, collate, describe, problems, to_target
 from course_utils.data.generated_coco import annotation_path
 
 
@@ -108,3 +108,31 @@ def test_problems_name_missing_images_and_annotation_files(tiny_coco, tmp_path):
     found = problems(root)
     assert found[0].startswith("annotations/instances_train2017.json is not a COCO annotation file")
     assert found[1] == "val2017: 1 of 32 images missing or empty (000000000130.jpg)"
+
+
+def test_bad_annotations_and_missing_images_are_named_with_the_fix(tiny_coco, tmp_path):
+    root = tmp_path / "coco"
+    shutil.copytree(tiny_coco, root)
+    path = annotation_path(root, "val2017")
+    document = json.loads(path.read_text())
+    path.write_text(json.dumps({"images": document["images"]}))
+    with pytest.raises(DatasetCorruptError, match="is not a COCO instances file: it has no annotations / "
+                                                  "categories list; prepare the data again with:\n    HINT"):
+        CocoBoxes(root, "val2017", prepare_hint="HINT")
+    document["annotations"][0]["category_id"] = 999
+    path.write_text(json.dumps(document))
+    with pytest.raises(DatasetCorruptError, match="has category id 999, which its categories do not list"):
+        CocoBoxes(root, "val2017", prepare_hint="HINT")
+    document["annotations"][0]["category_id"] = document["categories"][0]["id"]
+    path.write_text(json.dumps(document))
+    data = CocoBoxes(root, "val2017", prepare_hint="HINT")
+    (root / "val2017" / data.coco.loadImgs(data.images.ids[0])[0]["file_name"]).unlink()
+    with pytest.raises(DatasetMissingError, match="listed in the annotations, is missing; prepare the data again"):
+        data[0]
+
+
+def test_a_box_past_the_edge_is_cut_there_and_one_outside_the_image_left_out():
+    categories = Categories((1,), ("person",))
+    target = to_target([{"bbox": [90, 10, 30, 20], "category_id": 1}, {"bbox": [200, 10, 5, 5], "category_id": 1}],
+                       image_id=7, categories=categories, canvas_size=(50, 100))
+    assert target["boxes"].tolist() == [[90.0, 10.0, 100.0, 30.0]] and target["labels"].tolist() == [1]

@@ -28,7 +28,7 @@ from torchvision import tv_tensors
 from torchvision.datasets import CocoDetection
 from torchvision.transforms import v2
 
-from course_utils.data.cifar import DatasetMissingError
+from course_utils.data.cifar import DatasetCorruptError, DatasetMissingError
 from course_utils.data.generated_coco import SPLITS, annotation_path
 
 Target = dict[str, torch.Tensor | int]
@@ -122,10 +122,38 @@ def to_target(annotations: list[dict], image_id: int, categories: Categories, ca
     (as torchvision's detection references do), boxes as (x1, y1, x2, y2), labels contiguous."""
     kept = [a for a in annotations if not a.get("iscrowd", 0) and a["bbox"][2] > 0 and a["bbox"][3] > 0]
     xywh = torch.tensor([a["bbox"] for a in kept], dtype=torch.float32).reshape(-1, 4)
-    boxes = tv_tensors.BoundingBoxes(torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1),
-                                     format=tv_tensors.BoundingBoxFormat.XYXY, canvas_size=canvas_size)
-    labels = torch.tensor([categories.label(a["category_id"]) for a in kept], dtype=torch.int64)
+    corners = torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1)
+    # A box that reaches past the image is cut at its edge; one wholly outside it has no area left and goes.
+    height, width = canvas_size
+    corners = torch.stack([corners[:, 0].clamp(0, width), corners[:, 1].clamp(0, height),
+                           corners[:, 2].clamp(0, width), corners[:, 3].clamp(0, height)], dim=1)
+    inside = (corners[:, 2] > corners[:, 0]) & (corners[:, 3] > corners[:, 1])
+    boxes = tv_tensors.BoundingBoxes(corners[inside], format=tv_tensors.BoundingBoxFormat.XYXY,
+                                     canvas_size=canvas_size)
+    labels = torch.tensor([categories.label(a["category_id"]) for a in kept], dtype=torch.int64)[inside]
     return {"boxes": boxes, "labels": labels, "image_id": image_id}
+
+
+def annotation_problems(document: object) -> list[str]:
+    """What makes an annotation file something other than COCO's instances format (nothing: an empty list)."""
+    if not isinstance(document, dict):
+        return ["it is not a JSON object"]
+    absent = [key for key in ("images", "annotations", "categories") if not isinstance(document.get(key), list)]
+    if absent:
+        return [f"it has no {' / '.join(absent)} list"]
+    categories = {category.get("id") for category in document["categories"]}
+    images = {image.get("id") for image in document["images"]}
+    problems = []
+    for annotation in document["annotations"]:
+        if annotation.get("category_id") not in categories:
+            problems.append(f"annotation {annotation.get('id')} has category id {annotation.get('category_id')}, "
+                            "which its categories do not list")
+        elif annotation.get("image_id") not in images:
+            problems.append(f"annotation {annotation.get('id')} is of image {annotation.get('image_id')}, "
+                            "which its images do not list")
+        elif not (isinstance(annotation.get("bbox"), list) and len(annotation["bbox"]) == 4):
+            problems.append(f"annotation {annotation.get('id')} has no [x, y, width, height] bbox")
+    return problems
 
 
 class CocoBoxes(Dataset):
@@ -142,17 +170,31 @@ class CocoBoxes(Dataset):
         if absent:
             raise DatasetMissingError(f"COCO-format data is not in {root} (missing: {', '.join(absent)}). "
                                       f"Prepare it with:\n    {prepare_hint}")
+        path = annotation_path(root, split)
+        try:
+            problems = annotation_problems(json.loads(path.read_text()))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            problems = [f"it is not JSON ({error})"]
+        if problems:
+            raise DatasetCorruptError(f"{path} is not a COCO instances file: {problems[0]}"
+                                      f"{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}; "
+                                      f"prepare the data again with:\n    {prepare_hint}")
         with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its loading steps
-            self.images = CocoDetection(str(root / split), str(annotation_path(root, split)))
+            self.images = CocoDetection(str(root / split), str(path))
         self.coco = self.images.coco  # the ground truth COCOeval compares detections with
         self.categories = Categories.from_coco(self.coco.dataset["categories"])
         self.flip = v2.RandomHorizontalFlip(0.5) if augment else None
+        self.prepare_hint = prepare_hint
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Target]:
-        picture, annotations = self.images[index]
+        try:
+            picture, annotations = self.images[index]
+        except FileNotFoundError as error:
+            raise DatasetMissingError(f"{error.filename}, listed in the annotations, is missing; prepare the data "
+                                      f"again with:\n    {self.prepare_hint}") from error
         image = v2.functional.to_dtype(v2.functional.to_image(picture), torch.float32, scale=True)
         target = to_target(annotations, self.images.ids[index], self.categories, tuple(image.shape[-2:]))
         if self.flip is not None:
