@@ -2,7 +2,7 @@
 
 import pytest
 
-from course_utils.lessons.cloud_vms import comparison, main
+from course_utils.lessons.cloud_vms import answer, comparison, main
 
 
 def _summary(ranks, epoch_seconds, batch_size=64):
@@ -16,6 +16,9 @@ def test_the_class_row_and_this_runs_row():
     assert the_class["speedup"] == pytest.approx(3452 / 1878) and round(the_class["speedup"], 2) == 1.84
     assert the_class["efficiency"] == pytest.approx(0.919, abs=1e-3)
     assert this_run["seconds_fewer_vms"] == 180 and this_run["speedup"] == 1.8 and this_run["efficiency"] == 0.9
+    text = answer(table, on_gpus=True)
+    assert "The class: **1.84x** from one VM to two (92% efficiency)" in text and "This run: **1.80x** (90%)" in text
+    assert "CPU processes of one machine" in answer(table, on_gpus=False)
 
 
 def test_runs_at_different_batches_per_gpu_are_refused():

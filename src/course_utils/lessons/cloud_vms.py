@@ -47,6 +47,22 @@ def comparison(small: dict[str, Any], large: dict[str, Any]) -> pd.DataFrame:
                               CLASS_RESULT["gpu_utilization"]), _row(device, ranks, seconds, utilization)])
 
 
+def answer(table: pd.DataFrame, on_gpus: bool) -> str:
+    """Markdown: the class's speed-up beside this run's, read from :func:`comparison`'s table."""
+    theirs, ours = table.iloc[0], table.iloc[1]
+    lines = [
+        f"- The class: **{theirs['speedup']:.2f}x** from one VM to two ({theirs['efficiency']:.0%} efficiency), "
+        f"{theirs['seconds_fewer_vms'] / 60:.1f} min against {theirs['seconds_more_vms'] / 60:.1f} min.",
+        f"- This run: **{ours['speedup']:.2f}x** ({ours['efficiency']:.0%}), {ours['seconds_fewer_vms']:.1f} s against "
+        f"{ours['seconds_more_vms']:.1f} s of training epochs.",
+    ]
+    if not on_gpus:
+        lines.append("- Here both \"VMs\" are CPU processes of one machine sharing its cores, so the second one adds "
+                     "no hardware: the run shows that the recipe's rendezvous, data and DDP work, not what a "
+                     "second GPU buys. On two real VMs the same commands give the class's kind of numbers.")
+    return "\n".join(lines)
+
+
 def local_vms(vms: int, out: str | Path, *flags: str, port: int | None = None, timeout: float = 600) -> dict[str, Any]:
     """``jobs/cloud/run_node.sh FLAGS --out OUT`` started ``vms`` times on this machine, as that many VMs with one
     process each that meet through c10d, the way the recipe runs on real VMs; the run's summary."""
