@@ -46,7 +46,7 @@ def test_allreduce_alone_says_how_to_start_it(monkeypatch, capsys):
 
 def _summary(ranks: int, rate: float, batch: int = 32) -> dict:
     return {"world_size": ranks, "config": {"batch_size": batch}, "global_batch_size": batch * ranks,
-            "images_per_second": rate, "device": "CPU",
+            "images_per_second": rate, "device": "CPU", "epoch_seconds": [1000 / rate, 900 / rate],
             "per_rank": [{"steady_iteration_seconds": batch / rate * ranks}] * ranks}
 
 
@@ -55,6 +55,8 @@ def test_scaling_table_speedup_and_efficiency():
     assert list(rows["ranks"]) == [1, 2, 4]
     assert list(rows["speedup"]) == pytest.approx([1.0, 1.9, 3.6])
     assert list(rows["efficiency"]) == pytest.approx([1.0, 0.95, 0.9])
+    assert list(rows["wall_seconds"]) == pytest.approx([19.0, 10.0, 1900 / 360])  # every epoch's training time
+    assert "box_ap" not in rows  # a classifier's runs
 
 
 def test_strong_scaling_splits_the_global_batch():
