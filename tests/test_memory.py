@@ -12,7 +12,7 @@ from course_utils.training.activation_checkpointing import checkpoint_blocks
 
 def _step(model, recomputed=(), micro_batches=1):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    with measure_step(model, optimizer, torch.device("cpu"), list(recomputed), micro_batches) as measured:
+    with measure_step(model, optimizer, torch.device("cpu"), list(recomputed)) as measured:
         for _ in range(micro_batches):
             model(torch.ones(8, 10)).sum().backward()
         optimizer.step()

@@ -56,29 +56,34 @@ def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, 
 
 
 class SavedActivations:
-    """Counts the bytes autograd saves for the backward pass while it is entered.
+    """Counts the bytes autograd saves for the backward pass while it is entered, per forward pass of ``model``
+    (each micro-batch's are freed by its backward pass before the next one's are saved): the largest count.
 
     Parameters and their views are left out (they are counted as parameters; FSDP's gathered copies are
     freed and gathered again). For each block in ``recomputed`` the input is counted instead of its insides.
     """
 
-    def __init__(self, recomputed: list[nn.Module] = ()) -> None:
-        self.recomputed = recomputed
-        self._storages: dict[int, int] = {}
+    def __init__(self, model: nn.Module, recomputed: list[nn.Module] = ()) -> None:
+        self.model, self.recomputed = model, recomputed
+        self._forwards: list[dict[int, int]] = []  # per forward pass: storage address -> bytes
         self._exits = contextlib.ExitStack()
 
     @property
     def bytes(self) -> int:
-        return sum(self._storages.values())
+        return max((sum(storages.values()) for storages in self._forwards), default=0)
 
     def _keep(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, nn.Parameter) and not isinstance(tensor._base, nn.Parameter):  # a weight's .t()
             storage = tensor.untyped_storage()
-            self._storages[storage.data_ptr()] = storage.nbytes()
+            self._forwards[-1][storage.data_ptr()] = storage.nbytes()
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._keep(tensor)
+        if self._forwards:
+            self._keep(tensor)
         return tensor
+
+    def _forward_starts(self, module: nn.Module, inputs: tuple) -> None:
+        self._forwards.append({})
 
     def _block_input(self, module: nn.Module, inputs: tuple) -> None:
         for value in inputs:
@@ -88,6 +93,7 @@ class SavedActivations:
     def __enter__(self) -> SavedActivations:
         hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
         self._exits.enter_context(hooks)
+        self._exits.callback(self.model.register_forward_pre_hook(self._forward_starts).remove)
         for block in self.recomputed:
             self._exits.callback(block.register_forward_pre_hook(self._block_input).remove)
         return self
@@ -98,16 +104,15 @@ class SavedActivations:
 
 @contextlib.contextmanager
 def measure_step(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-                 recomputed: list[nn.Module] = (), micro_batches: int = 1,
-                 activations: bool = True) -> Iterator[list[StepMemory]]:
+                 recomputed: list[nn.Module] = (), activations: bool = True) -> Iterator[list[StepMemory]]:
     """Measure the training step run inside: yields a list that holds its :class:`StepMemory` once
-    the step is done (the state after the optimizer step, the activations of one micro-batch)."""
+    the step is done (the state after the optimizer step, the activations of its largest micro-batch)."""
     result: list[StepMemory] = []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    with SavedActivations(recomputed) if activations else contextlib.nullcontext() as saved:
+    with SavedActivations(model, recomputed) if activations else contextlib.nullcontext() as saved:
         yield result
     held = held_bytes(model, optimizer)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    result.append(StepMemory(**held, activations=saved.bytes // micro_batches if saved else None,
+    result.append(StepMemory(**held, activations=saved.bytes if saved else None,
                              peak_allocated=peak))

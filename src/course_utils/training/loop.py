@@ -148,7 +148,7 @@ class Loop:
         if self.step_memory is not None:
             return train_step(setup, micro_batches, self.observers.ranges)
         # A compiled model saves its activations inside its graph, where the hooks cannot count them.
-        with measure_step(setup.model, setup.optimizer, setup.device, setup.recomputed, len(micro_batches),
+        with measure_step(setup.model, setup.optimizer, setup.device, setup.recomputed,
                           activations=not self.cfg.compile) as measured:
             loss = train_step(setup, micro_batches, self.observers.ranges)
         self.step_memory = measured[0]
