@@ -22,7 +22,6 @@ import torch
 from tqdm.auto import tqdm
 
 from course_utils import config, devices
-from course_utils.data.datasets import NUM_CLASSES
 from course_utils.data.loaders import shard_sampler
 from course_utils.observe import communication
 from course_utils.observe.profiling import TRACE_FILE
@@ -237,8 +236,7 @@ def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None 
 
 def gradient_mib(model: str, image_size: int = 32) -> float:
     """The size of ``model``'s gradients in fp32: what DDP all-reduces every step, bucket by bucket."""
-    with torch.device("meta"):
-        return models.count_parameters(models.build(model, NUM_CLASSES, image_size)) * 4 / 2**20
+    return models.parameter_table((model,), image_size)[0]["parameters"] * 4 / 2**20
 
 
 def communication_profile(buckets: int = 8, nproc: int | None = None, steps: int | None = None,
