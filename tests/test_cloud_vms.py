@@ -5,8 +5,10 @@ import pytest
 from course_utils.lessons.cloud_vms import answer, comparison, main
 
 
-def _summary(ranks, epoch_seconds, batch_size=64):
-    return {"world_size": ranks, "epoch_seconds": epoch_seconds, "device": "NVIDIA T4", "monitor": "monitor.csv",
+def _summary(ranks, epoch_seconds, batch_size=64, utilization=(97.2, 95.6)):
+    nodes = [{"node_rank": rank, "node": f"vm{rank}", "backend": "nvml", "devices": [0], "utilization_percent": value}
+             for rank, value in enumerate(utilization[:ranks])]
+    return {"world_size": ranks, "epoch_seconds": epoch_seconds, "device": "NVIDIA T4", "node_utilization": nodes,
             "config": {"batch_size": batch_size}}
 
 
@@ -19,6 +21,14 @@ def test_the_class_row_and_this_runs_row():
     text = answer(table, on_gpus=True)
     assert "The class: **1.84x** from one VM to two (92% efficiency)" in text and "This run: **1.80x** (90%)" in text
     assert "CPU processes of one machine" in answer(table, on_gpus=False)
+    assert this_run["utilization"] == "node 0: 97 %, node 1: 96 %" and "node 1: 96 %." in text
+
+
+def test_utilization_per_node_says_what_was_not_sampled_or_read():
+    assert comparison(_summary(1, [2.0]), _summary(2, [1.0], utilization=()))["utilization"][1] == (
+        "not sampled (--monitor)")
+    assert comparison(_summary(1, [2.0]), _summary(2, [1.0], utilization=(None, 50.0)))["utilization"][1] == (
+        "node 0: not readable, node 1: 50 %")
 
 
 def test_runs_at_different_batches_per_gpu_are_refused():

@@ -1,9 +1,14 @@
 """How much of a step is communication and how much hid behind computation, from Chrome traces in the
-profiler's format: a CPU (gloo) trace and a GPU (NCCL kernels) trace with known overlaps."""
+profiler's format: a CPU (gloo) trace and a GPU (NCCL kernels) trace with known overlaps; DataParallel's
+phases from a real profiler trace."""
 
 import json
+import time
 
+import pandas as pd
 import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from course_utils.observe import communication
 
@@ -45,3 +50,64 @@ def test_nccl_kernels_overlap_the_compute_kernels_on_the_device(tmp_path):
     ])
     assert row["communication_ms"] == pytest.approx(0.3)
     assert row["hidden_ms"] == pytest.approx(0.2) and row["exposed_ms"] == pytest.approx(0.1)
+
+
+class Broadcast(torch.autograd.Function):
+    """Named as DataParallel's replicate step is: its backward node is ``BroadcastBackward`` in a trace."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.004)
+        return grad
+
+
+def test_dataparallel_phases_are_read_from_a_real_profiler_trace(tmp_path):
+    """Two profiled steps with DataParallel's ranges and a ``BroadcastBackward`` node, as its runs record them."""
+    trace = tmp_path / "trace.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+                 on_trace_ready=lambda done: done.export_chrome_trace(str(trace))) as profiler:
+        for _ in range(3):
+            with record_function("DataParallel.scatter"):
+                time.sleep(0.003)
+            with record_function("DataParallel.replicate"):
+                time.sleep(0.002)
+            Broadcast.apply(torch.ones(3, requires_grad=True)).sum().backward()
+            profiler.step()
+    table = communication.dataparallel_phases(trace)
+    assert len(table) == 2
+    assert (table["scatter_ms"] >= 3).all() and (table["replicate_ms"] >= 2).all()
+    assert (table["reduce_gradients_ms"] >= 4).all() and (table["gather_ms"] == 0).all()
+    assert (table["gpu_copies_ms"] == 0).all() and (table["step_ms"] >= 9).all()
+
+
+def test_the_dataparallel_answer_reads_the_phases_or_says_what_they_would_show():
+    from course_utils.lessons.parallel_answers import dataparallel_phases_answer
+
+    assert "no scatter, replicate or gather to profile" in dataparallel_phases_answer(None, 1)
+    phases = pd.DataFrame({"phase": ["scatter", "replicate", "parallel_apply", "gather", "reduce_gradients",
+                                     "scatter_gradients", "gpu_copies", "whole step"],
+                           "ms": [1.0, 4.0, 20.0, 1.0, 3.0, 1.0, 6.0, 50.0]})
+    text = dataparallel_phases_answer(phases, 4)
+    assert "took **50.0 ms**" in text and "**10.0 ms, 20 %**" in text and "copying 6.0 ms" not in text
+
+
+def test_with_fewer_than_two_gpus_there_is_no_dataparallel_profile(monkeypatch, tmp_path):
+    from course_utils.lessons import data_parallel
+
+    monkeypatch.setattr(data_parallel, "gpu_count", lambda: 1)
+    assert data_parallel.dataparallel_profile(out=tmp_path) is None and not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 or more visible GPUs")
+def test_dataparallel_on_two_gpus_spends_time_replicating_and_copying(quick):
+    from course_utils.lessons import data_parallel
+
+    phases = data_parallel.dataparallel_profile(steps=6, **{**quick, "device": "auto", "epochs": 1})
+    ms = dict(zip(phases["phase"], phases["ms"]))
+    assert ms["replicate"] > 0 and ms["scatter"] > 0 and ms["gather"] > 0 and ms["gpu_copies"] > 0
+    assert ms["reduce_gradients"] > 0 and ms["whole step"] > ms["replicate"]

@@ -23,15 +23,18 @@ def test_first_host_of_slurm_node_lists(nodelist, host):
 
 
 def test_placement_from_torchrun():
-    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "n1", "MASTER_PORT": "29400"}
-    assert placement(env) == Placement(3, 1, 4, "n1", 29400, "torchrun")
+    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1", "MASTER_ADDR": "n1",
+           "MASTER_PORT": "29400"}
+    assert placement(env) == Placement(3, 1, 4, "n1", 29400, "torchrun", node_rank=1)
+    assert not placement(env).is_node_main and placement({**env, "LOCAL_RANK": "0"}).is_node_main
 
 
 def test_placement_from_slurm():
     env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "4242",
-           "SLURM_JOB_NODELIST": "nid[005001-005004]"}
+           "SLURM_JOB_NODELIST": "nid[005001-005004]", "SLURM_NODEID": "2"}
     where = placement(env)
     assert (where.rank, where.local_rank, where.world_size, where.master_addr) == (5, 1, 8, "nid005001")
+    assert where.node_rank == 2
     assert where.master_port == 29500 + 242 and where.source == "slurm"
 
 

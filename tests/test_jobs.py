@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from course_utils.config import checkout_root
 from course_utils.parallel.allreduce import build_parser as allreduce_parser
+from course_utils.run_folder import RunFolder
 from course_utils.training.options import build_parser as train_parser
 
 SCRIPTS = sorted(p for p in (checkout_root() / "jobs").rglob("*") if p.suffix in (".sbatch", ".sh"))
@@ -42,10 +44,18 @@ def test_job_script(script):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_cloud_recipe_joins_two_nodes_through_c10d(tiny_root, two_cloud_nodes):
+def test_cloud_recipe_joins_two_nodes_through_c10d_and_each_node_samples_its_devices(tiny_root, two_cloud_nodes):
     summary = two_cloud_nodes(["--data-dir", str(tiny_root), "--device", "cpu", "--workers", "0", "--max-steps", "3",
-                               "--batch-size", "8", "--train-samples", "64", "--test-samples", "16"])
+                               "--batch-size", "8", "--train-samples", "64", "--test-samples", "16",
+                               "--monitor", "cpu", "--monitor-interval", "0.05"])
     assert summary["world_size"] == 2 and [r["steps"] for r in summary["per_rank"]] == [3, 3]
+    # Each "VM" is a node of its own (c10d numbered them), and each node's first process sampled it.
+    assert sorted(r["node_rank"] for r in summary["per_rank"]) == [0, 1]
+    nodes = summary["node_utilization"]
+    assert [node["node_rank"] for node in nodes] == [0, 1] and all(node["backend"] == "cpu" for node in nodes)
+    assert all(0 <= node["utilization_percent"] <= 100 for node in nodes)
+    run = RunFolder(summary["out"])
+    assert len(pd.read_csv(run.monitor)) > 0 and len(pd.read_csv(run.node_monitor(1))) > 0
 
 
 def test_cloud_recipe_without_head_names_it():

@@ -216,3 +216,27 @@ def test_energy_per_image_is_the_reported_power_over_the_training_time_and_image
     summary = train(**{**quick, "max_steps": 6, "input_delay_ms": 60}, monitor="nvidia-smi", monitor_interval=0.05)
     seconds = load_run(quick["out"]).iterations["seconds"].sum()
     assert summary["joules_per_image"] == pytest.approx(287.41 * seconds / (6 * quick["batch_size"]), rel=1e-6)
+
+
+def _device(index, address, utilization):
+    return {"index": index, "pci_address": address, "utilization_percent": utilization}
+
+
+def test_each_nodes_utilization_is_that_of_the_devices_this_run_used_there():
+    """Node 0 runs two ranks beside a neighbour's idle GPU; node 1 one rank beside a busy neighbour: each
+    node's figure is the mean over this run's devices, matched by PCI address; a CPU (no address) is read."""
+    from course_utils.training.summary import node_utilization
+
+    ranks = [{"node_rank": 0, "node": "a", "pci_addresses": ["0000:c1:00"]},
+             {"node_rank": 0, "node": "a", "pci_addresses": ["0000:c6:00"]},
+             {"node_rank": 1, "node": "b", "pci_addresses": ["0000:d1:00"]}]
+    watched = [{"backend": "nvml", "devices": [_device(0, "0000:c1:00", 80.0), _device(1, "0000:c6:00", 60.0),
+                                               _device(2, "0000:c9:00", 0.0)]},
+               None,
+               {"backend": "nvml", "devices": [_device(0, "0000:d0:00", 99.0), _device(1, "0000:d1:00", 90.0)]}]
+    first, second = node_utilization(ranks, watched)
+    assert (first["node"], first["devices"], first["utilization_percent"]) == ("a", [0, 1], 70.0)
+    assert (second["node_rank"], second["devices"], second["utilization_percent"]) == (1, [1], 90.0)
+    on_a_cpu = node_utilization([{"node_rank": 0, "node": "a", "pci_addresses": [""]}],
+                                [{"backend": "cpu", "devices": [_device(0, "", float("nan"))]}])
+    assert on_a_cpu[0]["devices"] == [0] and on_a_cpu[0]["utilization_percent"] is None

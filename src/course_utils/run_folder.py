@@ -46,8 +46,13 @@ class RunFolder:
 
     @property
     def monitor(self) -> Path:
-        """The device samples of a run with ``--monitor``."""
+        """The device samples of a run with ``--monitor``: those of the node rank 0 ran on."""
         return self.path / MONITOR
+
+    def node_monitor(self, node_rank: int) -> Path:
+        """The device samples of one node of a multi-node run (each node's first process samples its node and
+        writes here, on that node's disk): node 0's are :attr:`monitor`."""
+        return self.monitor if node_rank == 0 else self.monitor.with_name(f"{self.monitor.stem}-node{node_rank}.csv")
 
     @property
     def checkpoints(self) -> Path:

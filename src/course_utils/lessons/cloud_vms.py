@@ -24,13 +24,24 @@ from course_utils.parallel import process_group
 from course_utils.run_folder import RunFolder
 
 CLASS_RESULT = {"who": "the class (2 x g4dn.2xlarge, T4)", "vms": (1, 2), "seconds": (57 * 60 + 32, 31 * 60 + 18),
-                "gpu_utilization": "above 95 % on both"}
+                "utilization": "GPUs above 95 % on both"}
+
+
+def utilization_per_node(summary: dict[str, Any]) -> str:
+    """Each node's mean utilization while training, as its own monitor sampled it (``--monitor``): the devices
+    this run used there, GPUs on GPU machines, the processor on a CPU."""
+    nodes = summary.get("node_utilization") or []
+    if not nodes:
+        return "not sampled (--monitor)"
+    return ", ".join(f"node {node['node_rank']}: " + (f"{node['utilization_percent']:.0f} %"
+                                                      if node["utilization_percent"] is not None else "not readable")
+                     for node in nodes)
 
 
 def _row(who: str, vms: tuple[int, int], seconds: tuple[float, float], utilization: str) -> dict[str, Any]:
     speedup = seconds[0] / seconds[1]
     return {"who": who, "seconds_fewer_vms": seconds[0], "seconds_more_vms": seconds[1], "speedup": speedup,
-            "ideal": vms[1] / vms[0], "efficiency": speedup / (vms[1] / vms[0]), "gpu_utilization": utilization}
+            "ideal": vms[1] / vms[0], "efficiency": speedup / (vms[1] / vms[0]), "utilization": utilization}
 
 
 def comparison(small: dict[str, Any], large: dict[str, Any]) -> pd.DataFrame:
@@ -42,9 +53,8 @@ def comparison(small: dict[str, Any], large: dict[str, Any]) -> pd.DataFrame:
     ranks = (small["world_size"], large["world_size"])
     seconds = (sum(small["epoch_seconds"]), sum(large["epoch_seconds"]))
     device = f"this run ({ranks[0]} and {ranks[1]} ranks, {large['device']})"
-    utilization = "see each node's monitor" if large.get("monitor") else "not sampled (--monitor)"
     return pd.DataFrame([_row(CLASS_RESULT["who"], CLASS_RESULT["vms"], CLASS_RESULT["seconds"],
-                              CLASS_RESULT["gpu_utilization"]), _row(device, ranks, seconds, utilization)])
+                              CLASS_RESULT["utilization"]), _row(device, ranks, seconds, utilization_per_node(large))])
 
 
 def answer(table: pd.DataFrame, on_gpus: bool) -> str:
@@ -54,12 +64,14 @@ def answer(table: pd.DataFrame, on_gpus: bool) -> str:
         f"- The class: **{theirs['speedup']:.2f}x** from one VM to two ({theirs['efficiency']:.0%} efficiency), "
         f"{theirs['seconds_fewer_vms'] / 60:.1f} min against {theirs['seconds_more_vms'] / 60:.1f} min.",
         f"- This run: **{ours['speedup']:.2f}x** ({ours['efficiency']:.0%}), {ours['seconds_fewer_vms']:.1f} s against "
-        f"{ours['seconds_more_vms']:.1f} s of training epochs.",
+        f"{ours['seconds_more_vms']:.1f} s of training epochs; utilization while training, on more VMs: "
+        f"{ours['utilization']}.",
     ]
     if not on_gpus:
         lines.append("- Here both \"VMs\" are CPU processes of one machine sharing its cores, so the second one adds "
                      "no hardware: the run shows that the recipe's rendezvous, data and DDP work, not what a "
-                     "second GPU buys. On two real VMs the same commands give the class's kind of numbers.")
+                     "second GPU buys, and each node's monitor reads the same shared processor. On two real VMs "
+                     "the same commands give the class's kind of numbers, and each VM's monitor its own GPU.")
     return "\n".join(lines)
 
 

@@ -168,6 +168,27 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
     return table
 
 
+def dataparallel_profile(steps: int | None = None, out: str | Path | None = None, **options: Any
+                         ) -> pd.DataFrame | None:
+    """DataParallel over every visible GPU, traced with the profiler, at the per-GPU batch of
+    :func:`compare_modes`: the median step's time in each of DataParallel's phases, in ms and as a share of the
+    step (:func:`course_utils.observe.communication.dataparallel_phases`). None with fewer than two GPUs, where
+    DataParallel calls the model directly and has no phase to measure."""
+    gpus = gpu_count()
+    if gpus < 2:
+        return None
+    size = config.get_size(options.get("size"))
+    batch = options.pop("batch_size", None) or size.batch_size
+    folder = Path(out or config.runs_dir() / "dataparallel-profile")
+    train(**{**SCRATCH, **options}, max_steps=steps or size.parallel_steps, batch_size=batch * gpus,
+          distributed="dp", trace=str(folder / "trace"), out=folder)
+    median = communication.dataparallel_phases(folder / "trace" / TRACE_FILE).median()
+    phases = [name.removesuffix("_ms") for name in median.index if name != "step_ms"]
+    return pd.DataFrame([{"phase": phase, "ms": median[f"{phase}_ms"],
+                          "percent_of_step": 100 * median[f"{phase}_ms"] / median["step_ms"]} for phase in phases]
+                        + [{"phase": "whole step", "ms": median["step_ms"], "percent_of_step": 100.0}])
+
+
 def _difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, float]:
     floats = [name for name in a if a[name].is_floating_point()]
     absolute = max((a[n] - b[n]).abs().max().item() for n in floats)

@@ -28,6 +28,35 @@ def dataparallel_answer(modes: pd.DataFrame, gpus: int) -> str:
     ])
 
 
+def dataparallel_phases_answer(phases: pd.DataFrame | None, gpus: int) -> str:
+    """Markdown: where a DataParallel step goes, from :func:`data_parallel.dataparallel_profile`'s table, or what
+    that profile would show where there are fewer than two GPUs."""
+    if phases is None:
+        return (f"- With **{gpus} GPU(s)** here DataParallel calls the model directly: there is no scatter, "
+                "replicate or gather to profile. On 2 or more GPUs this cell traces a few DataParallel steps and "
+                "tabulates the host's time in each phase of a step: *scatter* (the batch cut and copied to each GPU), "
+                "*replicate* (the weights copied from GPU 0 to every GPU, in every step), *parallel_apply* (the "
+                "replicas' forward passes in threads that take turns on the GIL), *gather* (the outputs back to "
+                "GPU 0), and in the backward pass the gradients summed into GPU 0 and the output gradients "
+                "scattered; and the GPUs' time copying between devices. Replicate and the reductions grow with the "
+                "model and the GPU count and are driven by one process: that is what DDP removes. To see it, ask "
+                "for 2 or more GPUs (on LUMI, a Jupyter session or job with 2 or more GCDs).")
+    ms = dict(zip(phases["phase"], phases["ms"]))
+    moving = sum(ms[name] for name in ("scatter", "replicate", "gather", "reduce_gradients", "scatter_gradients"))
+    return "\n".join([
+        f"- A DataParallel step over **{gpus} GPUs** took **{ms['whole step']:.1f} ms**. Moving data, all driven by "
+        f"one process: scatter {ms['scatter']:.1f} ms, replicate {ms['replicate']:.1f} ms, gather "
+        f"{ms['gather']:.1f} ms, gradients reduced into GPU 0 {ms['reduce_gradients']:.1f} ms, output gradients "
+        f"scattered {ms['scatter_gradients']:.1f} ms: **{moving:.1f} ms, {100 * moving / ms['whole step']:.0f} %** of "
+        f"the step (host time; the GPUs spent {ms['gpu_copies']:.1f} ms copying).",
+        f"- The replicas' forward passes (parallel_apply, threads that share the GIL) took {ms['parallel_apply']:.1f} "
+        "ms of the host's time.",
+        "- DDP copies the model once at start-up, each rank loads its own batch and computes its own loss, and only "
+        "gradients travel, all-reduced while the backward pass goes on: none of the phases above is in its step "
+        "(notebook 07 measures what it pays instead).",
+    ])
+
+
 def ddp_answer(modes: pd.DataFrame) -> str:
     """Markdown: DDP against one device and against DataParallel, from :func:`experiments.compare_modes`."""
     one = modes.iloc[0]

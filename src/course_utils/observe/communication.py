@@ -1,5 +1,5 @@
 """How much of a training step is communication, and how much of it hides behind computation, read from a
-run's profiler trace (notebook 07; train with ``--trace DIR``).
+run's profiler trace (notebooks 06 and 07; train with ``--trace DIR``).
 
 DDP all-reduces each bucket of gradients as soon as the backward pass has filled it, while the
 backward pass goes on with the next layers: the communication that overlaps computation costs no
@@ -8,6 +8,9 @@ shows both. On GPUs the collectives are NCCL/RCCL kernels (``ncclDevKernel_AllRe
 own stream, and computation is every other kernel; on CPUs they are gloo's ``gloo:all_reduce``
 ranges on its worker threads, and computation is the innermost operators the training thread ran
 (not the ranges around them: the backward pass's last one also holds the wait for the all-reduce).
+
+DataParallel moves data differently, from one process in every step: :func:`dataparallel_phases` reads its
+named phases (:class:`course_utils.parallel.wrappers.NamedDataParallel`) and the copies between GPUs.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
+
+from course_utils.parallel.wrappers import DATAPARALLEL_BACKWARD, DATAPARALLEL_PHASES
 
 COMMUNICATION_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
 
@@ -93,3 +98,30 @@ def per_step(trace_file: Path) -> pd.DataFrame:
         table["communication_percent"] = 100 * table["communication_ms"] / table["step_ms"]
         table["exposed_percent"] = 100 * table["exposed_ms"] / table["step_ms"]
     return table
+
+
+def _phase_of(name: str) -> str | None:
+    if name.startswith("DataParallel.") and name.split(".", 1)[1] in DATAPARALLEL_PHASES:
+        return name.split(".", 1)[1]
+    node = name.rsplit(": ", 1)[-1]  # "autograd::engine::evaluate_function: BroadcastBackward"
+    return DATAPARALLEL_BACKWARD.get(node) if name.startswith("autograd::engine::") else None
+
+
+def dataparallel_phases(trace_file: Path) -> pd.DataFrame:
+    """One row per recorded step of a DataParallel run: its time, the host's time in each of DataParallel's
+    phases (forward: scatter, replicate, parallel_apply, gather; backward: gradients reduced into GPU 0,
+    output gradients scattered), and the time the GPUs spent copying between devices and host."""
+    events = [e for e in json.loads(Path(trace_file).read_text())["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    phases = [*DATAPARALLEL_PHASES, *DATAPARALLEL_BACKWARD.values()]
+    rows = []
+    for step in (e for e in events if e["name"].startswith("ProfilerStep#")):
+        start, end = step["ts"], step["ts"] + step["dur"]
+        inside = [e for e in events if start <= e["ts"] < end]
+        row = {"step_ms": step["dur"] / 1000, **{f"{phase}_ms": 0.0 for phase in phases}}
+        for event in inside:
+            if (phase := _phase_of(event["name"])) is not None:
+                row[f"{phase}_ms"] += event["dur"] / 1000
+        row["gpu_copies_ms"] = _length(_union((e["ts"], e["ts"] + e["dur"]) for e in inside
+                                              if e.get("cat") == "gpu_memcpy")) / 1000
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,10 +1,10 @@
 """Joining and leaving the process group, from torchrun's or Slurm's environment; rank-aware printing (notebooks 06-08).
 
-torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``.
-Under ``srun`` without torchrun, Slurm sets ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NTASKS``
-and ``SLURM_JOB_NODELIST``, whose first host becomes the rendezvous address. Each process uses
-the GPU of its local rank; the backend comes from :mod:`course_utils.devices` (NCCL, which is
-RCCL on ROCm, on GPUs; gloo on CPUs).
+torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK`` (the node), ``MASTER_ADDR`` and
+``MASTER_PORT``. Under ``srun`` without torchrun, Slurm sets ``SLURM_PROCID``, ``SLURM_LOCALID``,
+``SLURM_NTASKS``, ``SLURM_NODEID`` and ``SLURM_JOB_NODELIST``, whose first host becomes the rendezvous
+address. Each process uses the GPU of its local rank; the backend comes from :mod:`course_utils.devices`
+(NCCL, which is RCCL on ROCm, on GPUs; gloo on CPUs).
 
     torchrun --standalone --nproc-per-node 2 -m course_utils.parallel.process_group   # a self-check
 """
@@ -37,6 +37,12 @@ class Placement:
     master_addr: str = "127.0.0.1"
     master_port: int = DEFAULT_PORT
     source: str = "single"  # "torchrun", "slurm" or "single"
+    node_rank: int = 0  # which node of the job, 0 for the one rank 0 runs on
+
+    @property
+    def is_node_main(self) -> bool:
+        """The first process of its node: the one that samples the node's devices."""
+        return self.local_rank == 0
 
     @property
     def distributed(self) -> bool:
@@ -62,13 +68,20 @@ def placement(env: Mapping[str, str] = os.environ) -> Placement:
     """This process's place, from torchrun's variables, else Slurm's, else a single process."""
     if "RANK" in env and "WORLD_SIZE" in env:
         return Placement(int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"]),
-                         env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", DEFAULT_PORT)), "torchrun")
+                         env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", DEFAULT_PORT)), "torchrun",
+                         int(env.get("GROUP_RANK", 0)))
     if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         job = int(env.get("SLURM_JOB_ID", "0"))
         return Placement(int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]),
                          env.get("MASTER_ADDR") or first_host(env["SLURM_JOB_NODELIST"]),
-                         int(env.get("MASTER_PORT", DEFAULT_PORT + job % 1000)), "slurm")
+                         int(env.get("MASTER_PORT", DEFAULT_PORT + job % 1000)), "slurm",
+                         int(env.get("SLURM_NODEID", 0)))
     return Placement()
+
+
+def node_name() -> str:
+    """This node's name: Slurm's where it runs the process (virtual nodes share a host name), else the host's."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def free_port() -> int:

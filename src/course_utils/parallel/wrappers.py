@@ -13,6 +13,7 @@ Values reduced over the ranks, which need nothing at all with a single process, 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,31 @@ from torch import nn
 
 PARALLEL_MODES = ("none", "dp", "ddp", "fsdp")
 ONE_PROCESS_PER_DEVICE = ("ddp", "fsdp")  # the modes that run under torchrun or srun
+DATAPARALLEL_PHASES = ("scatter", "replicate", "parallel_apply", "gather")  # each forward pass, in this order
+# Their backward halves, as PyTorch's autograd engine names them in a trace.
+DATAPARALLEL_BACKWARD = {"BroadcastBackward": "reduce_gradients", "GatherBackward": "scatter_gradients"}
+
+
+def _named_phase(phase: str) -> Callable[..., object]:
+    """DataParallel's method ``phase``, run inside a profiler range of its name."""
+    inner = getattr(nn.DataParallel, phase)
+
+    def run(self: nn.DataParallel, *args: object) -> object:
+        with torch.profiler.record_function(f"DataParallel.{phase}"):
+            return inner(self, *args)
+
+    run.__name__ = phase
+    return run
+
+
+class NamedDataParallel(nn.DataParallel):
+    """DataParallel whose phases are named ranges in a profiler trace (``DataParallel.scatter`` ...), so that
+    notebook 06 can measure each one; outside a profiler a range costs a few microseconds."""
+
+    scatter = _named_phase("scatter")
+    replicate = _named_phase("replicate")
+    parallel_apply = _named_phase("parallel_apply")
+    gather = _named_phase("gather")
 
 
 @dataclass(frozen=True)
@@ -38,7 +64,7 @@ def wrap(model: nn.Module, mode: str, device: torch.device, options: DDPOptions 
         return model
     if mode == "dp":
         # On a machine without GPUs DataParallel calls the module directly: the same numbers, one device.
-        return nn.DataParallel(model)
+        return NamedDataParallel(model)
     if mode != "ddp":  # fsdp shards the model in place: course_utils.parallel.sharding.shard
         raise ValueError(f"wrap() spreads a model by none, dp or ddp, not {mode!r}")
     if options.sync_bn:

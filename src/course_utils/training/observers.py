@@ -1,7 +1,8 @@
 """What watches a run without changing it: the progress bar, the profiler, the device monitor and the
 named ranges of each step (notebooks 01-03; ``--trace`` and ``--monitor``).
 
-Rank 0 alone draws, profiles and samples; every rank marks its ranges when a trace is on.
+Rank 0 alone draws and profiles; the first process of each node samples that node's devices (the summary
+reads every node's utilization); every rank marks its ranges when a trace is on.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ class Observers:
         cfg, main = setup.cfg, setup.where.is_main
         self.folder = RunFolder(cfg.out)
         self.main = main
+        self.node_rank = setup.where.node_rank
         self.ranges = Ranges(enabled=cfg.trace is not None, nvtx=True)
         self.profiler = (start_trace(Path(cfg.trace), TraceSchedule().fitted(plan.total_steps), setup.device)
                          if cfg.trace and main else None)
-        self.monitor = (Monitor(cfg.monitor, cfg.monitor_interval, setup.device).start() if cfg.monitor and main
-                        else None)
+        self.monitor = (Monitor(cfg.monitor, cfg.monitor_interval, setup.device).start()
+                        if cfg.monitor and setup.where.is_node_main else None)
         self.bar = tqdm(total=plan.total_steps, initial=first_step, desc=f"{cfg.model} on {setup.device.type}",
                         unit="it", disable=not (cfg.progress and main), mininterval=progress_interval(),
                         dynamic_ncols=True)
@@ -49,7 +51,9 @@ class Observers:
             self.profiler.stop()
         if self.monitor is not None:
             self.monitor.stop()
-            self.monitor.frame().to_csv(self.folder.monitor, index=False)
+            samples = self.folder.node_monitor(self.node_rank)
+            samples.parent.mkdir(parents=True, exist_ok=True)  # another node's disk may not hold the run folder
+            self.monitor.frame().to_csv(samples, index=False)
 
     def phase(self, name: str) -> None:
         """Label the monitor's samples from now on ("epoch 2", "eval 2")."""

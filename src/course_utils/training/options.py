@@ -91,7 +91,8 @@ class TrainOptions:
     trace: str | None = option(None, "profile a few iterations with torch.profiler; write DIR/trace.json (open it "
                                "in Perfetto), a TensorBoard trace and operator/phase tables", metavar="DIR")
     monitor: str | None = option(None, "sample GPU (or CPU) utilization, memory and power during the run into "
-                                 "OUT/monitor.csv; --monitor alone picks the backend itself",
+                                 "OUT/monitor.csv (each further node's into OUT/monitor-nodeN.csv on that node's "
+                                 "disk); --monitor alone picks the backend itself",
                                  choices=BACKEND_NAMES, metavar="BACKEND", when_given_alone="auto")
     monitor_interval: float = option(0.5, "seconds between monitor samples", above=0)
     device: str = option("auto", "auto (first GPU, else CPU), cpu, cuda or cuda:N")

@@ -5,8 +5,6 @@ and for the whole job (notebooks 01-08 read it from ``summary.json``).
 from __future__ import annotations
 
 import math
-import os
-import socket
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -20,6 +18,7 @@ from course_utils.observe.clocks import images_per_second, steady_median, warmup
 from course_utils.observe.memory import StepMemory
 from course_utils.observe.monitor import Monitor
 from course_utils.parallel.collectives import gather
+from course_utils.parallel.process_group import node_name
 from course_utils.training import models
 from course_utils.training.detection_eval import METRICS
 from course_utils.training.schedule import Plan
@@ -44,10 +43,11 @@ def rank_summary(setup: Setup, times: StepTimes, steps: int, skip: int, memory: 
                  ) -> dict[str, Any]:
     """This rank's own share: its iteration count, timings and the memory of its first step."""
     where, device = setup.where, setup.device
-    # Under Slurm the node's name, which differs from the host name where nodes are virtual.
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    return {"rank": where.rank, "local_rank": where.local_rank, "node": node,
-            "device": str(device), "steps": steps, "images": sum(times.images),
+    ids = getattr(setup.wrapped, "device_ids", None)  # DataParallel drives several GPUs from one process
+    driven = [torch.device(device.type, index) for index in ids] if ids else [device]
+    return {"rank": where.rank, "local_rank": where.local_rank, "node": node_name(), "node_rank": where.node_rank,
+            "device": str(device), "pci_addresses": [devices.pci_address(each) for each in driven],
+            "steps": steps, "images": sum(times.images),
             "images_per_second": images_per_second(times.seconds, times.images, skip),
             "steady_iteration_seconds": steady_median(times.seconds, skip),
             "data_seconds_median": statistics.median(times.data_seconds) if times.data_seconds else None,
@@ -64,10 +64,30 @@ def monitor_summary(monitor: Monitor) -> dict[str, Any]:
         per_device = training.groupby("index").agg(
             utilization_percent=("utilization_percent", "mean"), memory_peak_mib=("memory_used_mib", "max"),
             power_watts=("power_watts", "mean"), power_limit_watts=("power_limit_watts", "max"),
-            this_process=("this_process", "any"))  # on a shared node, the others are neighbours' devices
+            # On a shared node, devices no rank of this run uses are neighbours'.
+            pci_address=("pci_address", "first"), this_process=("this_process", "any"))
         devices_seen = per_device.reset_index().to_dict("records")
     return {"backend": monitor.backend_name, "samples": len(frame), "interval": monitor.interval,
             "devices": devices_seen, "failure": monitor.failure}
+
+
+def node_utilization(ranks: list[dict[str, Any]], watched: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """Each sampled node's mean utilization while training, over the devices this run's ranks used there
+    (matched by PCI address; where none matched, a CPU or a tool without addresses, the lowest index).
+    ``watched``: each rank's :func:`monitor_summary`, None where the rank did not sample."""
+    nodes = []
+    for rank, monitor in zip(ranks, watched):
+        if monitor is None or not monitor["devices"]:
+            continue
+        ours = {address for r in ranks if r["node_rank"] == rank["node_rank"] for address in r["pci_addresses"]}
+        used = [row for row in monitor["devices"] if row["pci_address"] and row["pci_address"] in ours]
+        used = used or monitor["devices"][:1]
+        values = [value for value in (row["utilization_percent"] for row in used)
+                  if value is not None and not math.isnan(value)]
+        nodes.append({"node_rank": rank["node_rank"], "node": rank["node"], "backend": monitor["backend"],
+                      "devices": [row["index"] for row in used],
+                      "utilization_percent": statistics.mean(values) if values else None})
+    return sorted(nodes, key=lambda node: node["node_rank"])
 
 
 def joules_per_image(monitor: dict[str, Any] | None, times: StepTimes) -> float | None:
@@ -90,7 +110,9 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
     cfg, device, world = setup.cfg, setup.device, setup.where.world_size
     # Warm-up is paid by each process: after a resume, by the steps this one trained.
     skip = warmup_steps(plan.steps_per_epoch, plan.epochs, len(times.seconds))
-    ranks = gather(rank_summary(setup, times, steps, skip, memory))
+    sampled = monitor_summary(monitor) if monitor is not None else None  # each node's first process samples
+    ranks, node_monitors = zip(*gather((rank_summary(setup, times, steps, skip, memory), sampled)))
+    watched = node_monitors[0]  # rank 0's node, every device it saw
     last = epoch_records[-1]
     rate = sum(r["images_per_second"] for r in ranks)  # every rank trains its own images at the same time
     dp_devices = (len(setup.wrapped.device_ids) or 1) if cfg.distributed == "dp" else None
@@ -98,7 +120,6 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         lambda: models.build(cfg.model, num_classes=class_count(cfg.data, cfg.data_dir), image_size=cfg.image_size),
         cfg.image_size)
     peak = flops.peak_tflops(devices.device_name(device), cfg.amp)
-    watched = monitor_summary(monitor) if monitor is not None else None
     return {
         "images_per_second": rate,
         "warmup_steps": skip,
@@ -118,7 +139,7 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         "distributed": cfg.distributed,
         "data_parallel_devices": dp_devices,
         "global_batch_size": setup.images_per_step * world,
-        "per_rank": ranks,
+        "per_rank": list(ranks),
         "device": devices.device_name(device),
         "device_type": device.type,
         "parameters": models.count_parameters(setup.model),
@@ -136,6 +157,7 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         "peak_memory_per_gpu_mib": ([devices.peak_memory_mib(torch.device("cuda", i))
                                      for i in range(torch.cuda.device_count())] if device.type == "cuda" else None),
         "monitor": watched,
+        "node_utilization": node_utilization(list(ranks), list(node_monitors)),
         "joules_per_image": joules_per_image(watched, times),
         "resumed_from": resumed_from,
         "config": asdict(cfg),
