@@ -26,7 +26,7 @@ DATAPARALLEL_PHASES = ("scatter", "replicate", "parallel_apply", "gather")  # ea
 DATAPARALLEL_BACKWARD = {"BroadcastBackward": "reduce_gradients", "GatherBackward": "scatter_gradients"}
 
 
-def _named_phase(phase: str) -> Callable[..., object]:
+def named_phase(phase: str) -> Callable[..., object]:
     """DataParallel's method ``phase``, run inside a profiler range of its name."""
     inner = getattr(nn.DataParallel, phase)
 
@@ -42,10 +42,10 @@ class NamedDataParallel(nn.DataParallel):
     """DataParallel whose phases are named ranges in a profiler trace (``DataParallel.scatter`` ...), so that
     notebook 06 can measure each one; outside a profiler a range costs a few microseconds."""
 
-    scatter = _named_phase("scatter")
-    replicate = _named_phase("replicate")
-    parallel_apply = _named_phase("parallel_apply")
-    gather = _named_phase("gather")
+    scatter = named_phase("scatter")
+    replicate = named_phase("replicate")
+    parallel_apply = named_phase("parallel_apply")
+    gather = named_phase("gather")
 
 
 @dataclass(frozen=True)
