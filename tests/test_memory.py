@@ -1,6 +1,8 @@
 """The memory of a step by kind, counted from real tensors: exact on a model small enough to count by hand;
 the memory ladder and its rule of thumb on real runs."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -35,6 +37,26 @@ def test_micro_batches_count_once_and_a_recomputed_block_keeps_only_its_input():
     # The input, and each ReLU's output (which the next layer saves too: one storage); no weights.
     assert saved == (8 * 10 + 8 * 64 * 2) * 4
     assert recomputed == (8 * 10 + 8 * 64) * 4  # the block's input, and its output (the last layer's input)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_a_recomputed_batchnorm_counts_each_batch_once(momentum):
+    """The recomputation in the backward pass must leave the running statistics as one forward left them."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Sequential(nn.Linear(10, 16), nn.BatchNorm1d(16, momentum=momentum), nn.ReLU()),
+                          nn.Linear(16, 1))
+    recomputed = copy.deepcopy(plain)
+    checkpoint_blocks([recomputed[0]])
+    batch = torch.randn(8, 10)
+    for model in (plain, recomputed):
+        for _ in range(2):
+            model(batch).sum().backward()
+    plain_norm, recomputed_norm = plain[0][1], recomputed[0][1]
+    assert recomputed_norm.num_batches_tracked.item() == plain_norm.num_batches_tracked.item() == 2
+    assert torch.equal(recomputed_norm.running_mean, plain_norm.running_mean)
+    assert torch.equal(recomputed_norm.running_var, plain_norm.running_var)
+    assert recomputed_norm.momentum == momentum
+    assert torch.allclose(recomputed[0][0].weight.grad, plain[0][0].weight.grad)
 
 
 def test_the_rule_of_thumb_and_what_fits():

@@ -2,20 +2,47 @@
 forward again when its gradients are needed (notebook 09, ``--activation-checkpointing``).
 
 The memory of the activations that autograd saves inside a block is traded for a second forward
-of that block in the backward pass: about a third more compute for the model's blocks.
+of that block in the backward pass: about a third more compute for the model's blocks. That second
+forward must not count the batch twice in a BatchNorm's running statistics: while it runs, each
+BatchNorm of the block keeps its statistics (momentum 0) and its batch count.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+@contextlib.contextmanager
+def statistics_kept(block: nn.Module) -> Iterator[None]:
+    """Run ``block`` without changing its BatchNorms' running statistics or batch counts."""
+    norms = [m for m in block.modules() if isinstance(m, BATCH_NORMS) and m.track_running_stats]
+    saved = [(norm.momentum, norm.num_batches_tracked.clone()) for norm in norms]
+    for norm in norms:
+        norm.momentum = 0.0  # the running average takes none of this batch
+    try:
+        yield
+    finally:
+        for norm, (momentum, count) in zip(norms, saved):
+            norm.momentum = momentum
+            norm.num_batches_tracked.copy_(count)
+
+
+def _contexts(block: nn.Module) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """What ``checkpoint`` runs the first forward in, and what it runs the recomputation in."""
+    return contextlib.nullcontext(), statistics_kept(block)
 
 
 def checkpoint_blocks(blocks: list[nn.Module]) -> list[nn.Module]:
     """Make each of ``blocks`` recompute its forward in the backward pass instead of saving its
     activations. The blocks keep their parameters' names: checkpoints are unchanged."""
     for block in blocks:
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False,
+                                          context_fn=functools.partial(_contexts, block))
     return blocks
