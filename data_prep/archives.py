@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from course_utils.atomic_files import replace_directory
 from course_utils.data.cifar import file_md5
 
 PARTIAL_CONTENT = 206
@@ -110,9 +111,7 @@ def extract(archive: Path, root: Path, folder: str) -> Path:
         if not (staging / folder).is_dir():
             raise ArchiveError(f"{archive} holds no {folder}/ folder; nothing was extracted.")
         target = root / folder
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging / folder, target)
+        replace_directory(staging / folder, target)
         return target
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -18,9 +18,11 @@ def test_the_class_row_and_this_runs_row():
     assert the_class["speedup"] == pytest.approx(3452 / 1878) and round(the_class["speedup"], 2) == 1.84
     assert the_class["efficiency"] == pytest.approx(0.919, abs=1e-3)
     assert this_run["seconds_fewer_vms"] == 180 and this_run["speedup"] == 1.8 and this_run["efficiency"] == 0.9
-    text = answer(table, on_gpus=True)
+    text = answer(table)
     assert "The class: **1.84x** from one VM to two (92% efficiency)" in text and "This run: **1.80x** (90%)" in text
-    assert "CPU processes of one machine" in answer(table, on_gpus=False)
+    assert "CPU processes of one machine" not in text
+    on_a_cpu = comparison(_summary(1, [100.0, 80.0]), {**_summary(2, [50.0, 50.0]), "device": "CPU"})
+    assert "CPU processes of one machine" in answer(on_a_cpu)
     assert this_run["utilization"] == "node 0: 97 %, node 1: 96 %" and "node 1: 96 %." in text
 
 

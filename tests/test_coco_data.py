@@ -6,11 +6,11 @@ import shutil
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from course_utils import config
 from course_utils.data.cifar import DatasetCorruptError, DatasetMissingError
-from course_utils.data.coco import Categories, CocoBoxes, collate, describe, problems, to_target
+from course_utils.data.coco import Categories, CocoBoxes, collate, describe, ground_truth, problems, to_target
 from course_utils.data.generated_coco import annotation_path
 
 
@@ -106,8 +106,14 @@ def test_problems_name_missing_images_and_annotation_files(tiny_coco, tmp_path):
     (root / "val2017" / "000000000130.jpg").unlink()
     annotation_path(root, "train2017").write_text("not json")
     found = problems(root)
-    assert found[0].startswith("annotations/instances_train2017.json is not a COCO annotation file")
+    assert found[0].startswith("annotations/instances_train2017.json is not a COCO instances file: it is not JSON")
     assert found[1] == "val2017: 1 of 32 images missing or empty (000000000130.jpg)"
+    # The same checks as the data set's: an annotation of a category the file does not list.
+    path = annotation_path(tiny_coco, "val2017")
+    document = json.loads(path.read_text())
+    document["annotations"][0]["category_id"] = 999
+    annotation_path(root, "train2017").write_text(json.dumps(document))
+    assert "has category id 999, which its categories do not list" in problems(root)[0]
 
 
 def test_bad_annotations_and_missing_images_are_named_with_the_fix(tiny_coco, tmp_path):
@@ -136,3 +142,10 @@ def test_a_box_past_the_edge_is_cut_there_and_one_outside_the_image_left_out():
     target = to_target([{"bbox": [90, 10, 30, 20], "category_id": 1}, {"bbox": [200, 10, 5, 5], "category_id": 1}],
                        image_id=7, categories=categories, canvas_size=(50, 100))
     assert target["boxes"].tolist() == [[90.0, 10.0, 100.0, 30.0]] and target["labels"].tolist() == [1]
+
+
+def test_the_ground_truth_behind_a_ranks_share_of_part_of_the_set(tiny_coco):
+    """--test-samples takes part of the set, and a rank's loader a share of that part: two Subsets."""
+    dataset = CocoBoxes(tiny_coco, "val2017")
+    loader = DataLoader(Subset(Subset(dataset, range(16)), range(0, 16, 2)), collate_fn=collate)
+    assert ground_truth(loader) is dataset

@@ -1,7 +1,6 @@
 """FSDP2 for real: two (and four) gloo ranks on the CPU under torchrun, each holding a shard of the model;
 the same training as DDP; sharded checkpoints that resume on another number of ranks; memory by kind."""
 
-import json
 import os
 import re
 import shutil
@@ -15,6 +14,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from course_utils.observe.metrics import read_records
 from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
@@ -39,8 +39,7 @@ def _launch(ranks, tiny_root, out, expect_ok=True, **extra):
 
 
 def _step_losses(out) -> list[float]:
-    records = [json.loads(line) for line in RunFolder(out).metrics.read_text().splitlines()]
-    return [record["loss"] for record in records if record["kind"] == "step"]
+    return [record["loss"] for record in read_records(RunFolder(out).metrics) if record["kind"] == "step"]
 
 
 def _sharded_weights(folder, tmp_path) -> dict[str, torch.Tensor]:
@@ -112,6 +111,9 @@ def test_a_checkpoint_of_another_strategy_is_refused_by_name(fsdp_run, tiny_root
     with pytest.raises(ValueError, match="is a folder of shards, written by a --distributed fsdp run; this run is "
                                          "--distributed none.*resume with --distributed fsdp"):
         train(**_options(tiny_root, str(out), max_steps=6, resume="auto"))
+    named = checkpoint.step_path(RunFolder(out).checkpoints, 4, sharded=True)  # --resume PATH takes a folder too
+    with pytest.raises(ValueError, match="is a folder of shards, written by a --distributed fsdp run"):
+        train(**_options(tiny_root, str(out), max_steps=6, resume=str(named)))
     single = tmp_path / "single"
     train(**_options(tiny_root, str(single), max_steps=2, batch_size=32))
     refused = _launch(2, tiny_root, single, expect_ok=False, distributed="fsdp", resume="auto")

@@ -112,7 +112,7 @@ def test_sigkill_anywhere_then_resume_is_bit_exact(tiny_root, tmp_path, referenc
     last = _start(tiny_root, tmp_path)
     output = last.communicate(timeout=300)[0]
     assert last.returncode == 0, output
-    assert "resuming from" in output
+    assert "resuming from" in output and "starting from the beginning" not in output
     _assert_identical(run_weights(tmp_path), reference)
     assert len(list(folder.glob("step-*.pt"))) == 2  # --keep-checkpoints 2
     assert not list(folder.glob(".*.tmp"))  # the half-written file of the first kill was cleared

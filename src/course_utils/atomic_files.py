@@ -86,8 +86,20 @@ def whole_directory(target: Path) -> Iterator[Path]:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         yield staging
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        replace_directory(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def replace_directory(staged: Path, target: Path) -> None:
+    """Rename the finished folder ``staged`` to ``target``. An existing ``target`` is first renamed aside and
+    deleted only once ``staged`` stands in its place: at every moment one whole folder is there."""
+    staged, target = Path(staged), Path(target)
+    if not target.exists():
+        os.replace(staged, target)
+        return
+    replaced = target.with_name(f".{target.name}.old.tmp")
+    shutil.rmtree(replaced, ignore_errors=True)
+    os.replace(target, replaced)
+    os.replace(staged, target)
+    shutil.rmtree(replaced)

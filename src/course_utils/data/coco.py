@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 from torchvision import tv_tensors
 from torchvision.datasets import CocoDetection
+from torchvision.ops import box_convert, clip_boxes_to_image
 from torchvision.transforms import v2
 
 from course_utils.data.cifar import DatasetCorruptError, DatasetMissingError
@@ -62,18 +63,20 @@ class Categories:
         return self.ids[label - 1]
 
 
-def class_count(root: Path, split: str = "val2017") -> int:
+def class_count(root: Path) -> int:
     """The detector's ``num_classes`` for the tree at ``root``: its categories and the background."""
-    path = annotation_path(Path(root), split)
+    path = annotation_path(Path(root), SPLITS[1])  # the validation annotations, the smaller file
     if not path.is_file():
         raise DatasetMissingError(f"COCO-format data is not in {root} (missing: {path.relative_to(root)})")
     return Categories.from_coco(json.loads(path.read_text())["categories"]).num_classes
 
 
 def ground_truth(loader: Iterable) -> CocoBoxes:
-    """The data set behind a loader (or a rank's share of it): its COCO annotations and categories."""
+    """The data set behind a loader (or a rank's share of a part of it): its COCO annotations and categories."""
     dataset = loader.dataset
-    return dataset.dataset if isinstance(dataset, Subset) else dataset
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return dataset
 
 
 def missing(root: Path, split: str) -> list[str]:
@@ -83,22 +86,22 @@ def missing(root: Path, split: str) -> list[str]:
     return [str(path.relative_to(root)) for path in needed if not path.exists()]
 
 
-def problems(root: Path, splits: Sequence[str] = SPLITS) -> list[str]:
+def problems(root: Path) -> list[str]:
     """Every problem of the tree at ``root``, one line each: missing folders or annotation files, annotation
     files that are not COCO's, images they list that are missing or empty. An empty list: the tree is whole."""
     root = Path(root)
     found = []
-    for split in splits:
+    for split in SPLITS:
         absent = missing(root, split)
         if absent:
             found += [f"{name} is missing" for name in absent]
             continue
-        try:
-            images = json.loads(annotation_path(root, split).read_text())["images"]
-            names = [image["file_name"] for image in images]
-        except (ValueError, KeyError, TypeError) as error:
-            found.append(f"{annotation_path(root, split).relative_to(root)} is not a COCO annotation file ({error})")
+        path = annotation_path(root, split)
+        document, wrong = read_annotations(path)
+        if wrong:
+            found.append(f"{path.relative_to(root)} is not a COCO instances file: {_listed(wrong)}")
             continue
+        names = [image["file_name"] for image in document["images"]]
         folder = root / split
         bad = [name for name in names if not (folder / name).is_file() or (folder / name).stat().st_size == 0]
         if bad:
@@ -122,11 +125,8 @@ def to_target(annotations: list[dict], image_id: int, categories: Categories, ca
     (as torchvision's detection references do), boxes as (x1, y1, x2, y2), labels contiguous."""
     kept = [a for a in annotations if not a.get("iscrowd", 0) and a["bbox"][2] > 0 and a["bbox"][3] > 0]
     xywh = torch.tensor([a["bbox"] for a in kept], dtype=torch.float32).reshape(-1, 4)
-    corners = torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1)
     # A box that reaches past the image is cut at its edge; one wholly outside it has no area left and goes.
-    height, width = canvas_size
-    corners = torch.stack([corners[:, 0].clamp(0, width), corners[:, 1].clamp(0, height),
-                           corners[:, 2].clamp(0, width), corners[:, 3].clamp(0, height)], dim=1)
+    corners = clip_boxes_to_image(box_convert(xywh, "xywh", "xyxy"), canvas_size)
     inside = (corners[:, 2] > corners[:, 0]) & (corners[:, 3] > corners[:, 1])
     boxes = tv_tensors.BoundingBoxes(corners[inside], format=tv_tensors.BoundingBoxFormat.XYXY,
                                      canvas_size=canvas_size)
@@ -143,7 +143,7 @@ def annotation_problems(document: object) -> list[str]:
         return [f"it has no {' / '.join(absent)} list"]
     categories = {category.get("id") for category in document["categories"]}
     images = {image.get("id") for image in document["images"]}
-    problems = []
+    problems = [f"image {image.get('id')} has no file_name" for image in document["images"] if "file_name" not in image]
     for annotation in document["annotations"]:
         if annotation.get("category_id") not in categories:
             problems.append(f"annotation {annotation.get('id')} has category id {annotation.get('category_id')}, "
@@ -154,6 +154,19 @@ def annotation_problems(document: object) -> list[str]:
         elif not (isinstance(annotation.get("bbox"), list) and len(annotation["bbox"]) == 4):
             problems.append(f"annotation {annotation.get('id')} has no [x, y, width, height] bbox")
     return problems
+
+
+def read_annotations(path: Path) -> tuple[dict | None, list[str]]:
+    """An annotation file parsed, and what makes it something other than COCO's instances format."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return None, [f"it is not JSON ({error})"]
+    return document, annotation_problems(document)
+
+
+def _listed(problems: list[str]) -> str:
+    return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
 
 
 class CocoBoxes(Dataset):
@@ -171,16 +184,15 @@ class CocoBoxes(Dataset):
             raise DatasetMissingError(f"COCO-format data is not in {root} (missing: {', '.join(absent)}). "
                                       f"Prepare it with:\n    {prepare_hint}")
         path = annotation_path(root, split)
-        try:
-            problems = annotation_problems(json.loads(path.read_text()))
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            problems = [f"it is not JSON ({error})"]
+        try:  # the file is parsed once, by pycocotools; only a file it cannot index is read again, to say why
+            with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its loading steps
+                self.images = CocoDetection(str(root / split), str(path))
+            problems = annotation_problems(self.images.coco.dataset)
+        except (ValueError, KeyError, TypeError, AssertionError):
+            problems = read_annotations(path)[1] or ["pycocotools cannot index it"]
         if problems:
-            raise DatasetCorruptError(f"{path} is not a COCO instances file: {problems[0]}"
-                                      f"{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}; "
+            raise DatasetCorruptError(f"{path} is not a COCO instances file: {_listed(problems)}; "
                                       f"prepare the data again with:\n    {prepare_hint}")
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its loading steps
-            self.images = CocoDetection(str(root / split), str(path))
         self.coco = self.images.coco  # the ground truth COCOeval compares detections with
         self.categories = Categories.from_coco(self.coco.dataset["categories"])
         self.flip = v2.RandomHorizontalFlip(0.5) if augment else None

@@ -23,8 +23,8 @@ from course_utils import config
 from course_utils.parallel import process_group
 from course_utils.run_folder import RunFolder
 
-CLASS_RESULT = {"who": "the class (2 x g4dn.2xlarge, T4)", "vms": (1, 2), "seconds": (57 * 60 + 32, 31 * 60 + 18),
-                "utilization": "GPUs above 95 % on both"}
+CLASS_RESULT = {"who": "the class (2 x g4dn.2xlarge)", "device": "NVIDIA T4", "vms": (1, 2),
+                "seconds": (57 * 60 + 32, 31 * 60 + 18), "utilization": "GPUs above 95 % on both"}
 
 
 def utilization_per_node(summary: dict[str, Any]) -> str:
@@ -38,10 +38,12 @@ def utilization_per_node(summary: dict[str, Any]) -> str:
                      for node in nodes)
 
 
-def _row(who: str, vms: tuple[int, int], seconds: tuple[float, float], utilization: str) -> dict[str, Any]:
+def _row(who: str, device: str, vms: tuple[int, int], seconds: tuple[float, float], utilization: str
+         ) -> dict[str, Any]:
     speedup = seconds[0] / seconds[1]
-    return {"who": who, "seconds_fewer_vms": seconds[0], "seconds_more_vms": seconds[1], "speedup": speedup,
-            "ideal": vms[1] / vms[0], "efficiency": speedup / (vms[1] / vms[0]), "utilization": utilization}
+    return {"who": who, "device": device, "seconds_fewer_vms": seconds[0], "seconds_more_vms": seconds[1],
+            "speedup": speedup, "ideal": vms[1] / vms[0], "efficiency": speedup / (vms[1] / vms[0]),
+            "utilization": utilization}
 
 
 def comparison(small: dict[str, Any], large: dict[str, Any]) -> pd.DataFrame:
@@ -52,12 +54,13 @@ def comparison(small: dict[str, Any], large: dict[str, Any]) -> pd.DataFrame:
                          f"{large['config']['batch_size']}): rerun one with the other's --batch-size")
     ranks = (small["world_size"], large["world_size"])
     seconds = (sum(small["epoch_seconds"]), sum(large["epoch_seconds"]))
-    device = f"this run ({ranks[0]} and {ranks[1]} ranks, {large['device']})"
-    return pd.DataFrame([_row(CLASS_RESULT["who"], CLASS_RESULT["vms"], CLASS_RESULT["seconds"],
-                              CLASS_RESULT["utilization"]), _row(device, ranks, seconds, utilization_per_node(large))])
+    ours = f"this run ({ranks[0]} and {ranks[1]} ranks)"
+    return pd.DataFrame([_row(CLASS_RESULT["who"], CLASS_RESULT["device"], CLASS_RESULT["vms"], CLASS_RESULT["seconds"],
+                              CLASS_RESULT["utilization"]),
+                         _row(ours, large["device"], ranks, seconds, utilization_per_node(large))])
 
 
-def answer(table: pd.DataFrame, on_gpus: bool) -> str:
+def answer(table: pd.DataFrame) -> str:
     """Markdown: the class's speed-up beside this run's, read from :func:`comparison`'s table."""
     theirs, ours = table.iloc[0], table.iloc[1]
     lines = [
@@ -67,7 +70,7 @@ def answer(table: pd.DataFrame, on_gpus: bool) -> str:
         f"{ours['seconds_more_vms']:.1f} s of training epochs; utilization while training, on more VMs: "
         f"{ours['utilization']}.",
     ]
-    if not on_gpus:
+    if ours["device"] == "CPU":
         lines.append("- Here both \"VMs\" are CPU processes of one machine sharing its cores, so the second one adds "
                      "no hardware: the run shows that the recipe's rendezvous, data and DDP work, not what a "
                      "second GPU buys, and each node's monitor reads the same shared processor. On two real VMs "

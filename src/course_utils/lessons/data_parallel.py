@@ -25,7 +25,7 @@ from course_utils import config, devices
 from course_utils.data.loaders import shard_sampler
 from course_utils.observe import communication
 from course_utils.observe.profiling import TRACE_FILE
-from course_utils.parallel.launch import launch
+from course_utils.parallel.launch import LaunchResult, launch
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training import checkpoint, models
@@ -91,16 +91,17 @@ def parallel_shape(gpus: int | None = None) -> ParallelShape:
 
 
 def run_ranks(nproc: int, out: Path, echo: bool = False, distributed: str = "ddp", env: dict[str, str] | None = None,
-              **options: Any) -> dict[str, Any]:
-    """``options`` trained with DDP (or FSDP) on ``nproc`` ranks under torchrun; the run's summary, or an
-    error with the end of torchrun's output when a rank failed. ``env``: variables for the ranks."""
+              **options: Any) -> LaunchResult:
+    """``options`` trained with DDP (or FSDP) on ``nproc`` ranks under torchrun; the launch, with the run's
+    summary and every rank's output, or an error with the end of torchrun's output when a rank failed.
+    ``env``: variables for the ranks."""
     result = launch(nproc, "course_utils.train", *to_flags(**{**SCRATCH, **options}, distributed=distributed,
                                                            out=out),
                     log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=echo, env=env)
     if not result.ok:
         tail = "\n".join(result.lines[-15:])
         raise RuntimeError(f"{distributed.upper()} on {nproc} ranks failed (exit {result.returncode}):\n{tail}")
-    return result.summary
+    return result
 
 
 def _row(name: str, summary: dict[str, Any], devices: int) -> dict[str, Any]:
@@ -159,7 +160,7 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
         elif mode == "ddp":
             reusable = (ddp_summary is not None and ddp_summary["world_size"] == ddp_ranks
                         and ddp_summary["steps"] == steps)
-            summary = ddp_summary if reusable else run_ranks(ddp_ranks, out / "ddp", batch_size=batch, **common)
+            summary = ddp_summary if reusable else run_ranks(ddp_ranks, out / "ddp", batch_size=batch, **common).summary
             rows.append(_row(f"DDP, {summary['world_size']} ranks", summary, summary["world_size"]))
         else:
             raise ValueError(f"unknown mode {mode!r}; choose from none, dp, ddp")
@@ -246,7 +247,7 @@ def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None 
     out = Path(out or config.runs_dir() / "ddp-knobs")
     rows = []
     for index, (name, knob) in enumerate(tqdm((knobs or DDP_KNOBS).items(), desc="settings", unit="run")):
-        summary = run_ranks(nproc, out / f"setting-{index}", max_steps=steps, **options, **knob)
+        summary = run_ranks(nproc, out / f"setting-{index}", max_steps=steps, **options, **knob).summary
         rows.append({"setting": name, "images_per_second": summary["images_per_second"],
                      "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in summary["per_rank"]),
                      "global_batch": summary["global_batch_size"]})

@@ -64,12 +64,9 @@ def communication_and_transport(ranks: int | None = None, out: str | Path | None
     """One traced DDP run of the detector with ``NCCL_DEBUG=INFO``: each step's communication and what of
     it hid behind computation (rank 0's trace), and which transport NCCL chose (none under gloo)."""
     folder = Path(out or config.runs_dir() / "detection-profile")
-    run_ranks(ranks or parallel_shape().ranks, folder, trace=folder / "trace",
-              env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, **_options(options))
-    # torchrun keeps every rank's output in the run's log folder (see run_ranks): NCCL's report is there.
-    logs = sorted((folder.parent / f"{folder.name}-logs").rglob("std*.log"))
-    lines = [line for log in logs for line in log.read_text(errors="replace").splitlines()]
-    return communication.per_step(folder / "trace" / TRACE_FILE), transport.read(lines)
+    result = run_ranks(ranks or parallel_shape().ranks, folder, trace=folder / "trace",
+                       env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, **_options(options))
+    return communication.per_step(folder / "trace" / TRACE_FILE), transport.read(result.lines)  # NCCL's report
 
 
 def amp_effect(precisions: tuple[str, ...] = ("off", "bf16"), out: str | Path | None = None,

@@ -175,8 +175,8 @@ def lumi_g_node() -> Figure:
             ccd = 2 * numa + k
             x = x0 + k * (ccd_w + ccd_gap)
             ccd_x[ccd] = x + ccd_w / 2
-            first = ccd * LUMI_CORES_PER_CCD
-            _box(ax, x, 5.2, ccd_w, 1.6, f"CCD {ccd}\ncores {first + 1}-{first + 7}\n(core {first}: system)",
+            cores = lumi_job_cores(LUMI_GCD_CCD.index(ccd))  # what the job scripts bind the GCD on this CCD to
+            _box(ax, x, 5.2, ccd_w, 1.6, f"CCD {ccd}\ncores {cores[0]}-{cores[-1]}\n(core {cores[0] - 1}: system)",
                  color="#e8eef7", edge="#4c72b0", fontsize=8)
     module_w, gcd_w = 3.5, 1.5
     for module in range(4):

@@ -47,7 +47,8 @@ LADDER = (
 def _row(rung: Rung, summary: dict[str, Any]) -> dict[str, Any]:
     """Rank 0's memory by kind (in MiB) and the run's speed; the ranks hold the same amounts, within padding."""
     memory = summary["per_rank"][0]["step_memory_bytes"]
-    row = {"rung": rung.name, "ranks": summary["world_size"], "device": summary["device"],
+    row = {"rung": rung.name, "distributed": rung.distributed, "ranks": summary["world_size"],
+           "device": summary["device"],
            **{f"{kind}_mib": (memory[kind] or 0) / MIB for kind in KINDS}}
     row["total_mib"] = sum(row[f"{kind}_mib"] for kind in KINDS)
     row["peak_allocated_mib"] = memory["peak_allocated"] / MIB if memory["peak_allocated"] else None
@@ -67,12 +68,13 @@ def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | P
     for index, rung in enumerate(tqdm(rungs, desc="rungs", unit="run")):
         folder = out / f"rung-{index}"
         if rung.needs_gpus and not shape.on_gpus:
-            rows.append({"rung": rung.name, "skipped": "it needs GPUs; the ranks here are CPU processes"})
+            rows.append({"rung": rung.name, "distributed": rung.distributed,
+                         "skipped": "it needs GPUs; the ranks here are CPU processes"})
             continue
         if rung.distributed == "none":
             summary = train(**common, **rung.options, out=folder)
         else:
-            summary = run_ranks(shape.ranks, folder, distributed=rung.distributed, **common, **rung.options)
+            summary = run_ranks(shape.ranks, folder, distributed=rung.distributed, **common, **rung.options).summary
         rows.append(_row(rung, summary))
     return pd.DataFrame(rows)
 
@@ -110,8 +112,8 @@ def rule_against_measurement(ladder: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, row in ladder.dropna(subset=["parameters"]).iterrows():
         measured = (row["parameters_mib"] + row["gradients_mib"] + row["optimizer_state_mib"]) * MIB
-        sharded = "FSDP" in row["rung"]
-        rule = bytes_per_parameter("fp32, SGD with momentum", int(row["ranks"]), sharded) * row["parameters"]
+        rule = (bytes_per_parameter("fp32, SGD with momentum", int(row["ranks"]), row["distributed"] == "fsdp")
+                * row["parameters"])
         rows.append({"rung": row["rung"], "measured_mib": measured / MIB, "rule_mib": rule / MIB,
                      "measured_over_rule": measured / rule})
     return pd.DataFrame(rows)

@@ -84,7 +84,7 @@ def study(ranks: Sequence[int], mode: str = "weak", out: str | Path | None = Non
             summaries.append(RunFolder(reuse[count]).read_summary())
             continue
         summaries.append(run_ranks(count, out / f"ranks-{count}", echo=echo, **train_options,
-                                 batch_size=per_rank_batch(mode, batch, count)))
+                                 batch_size=per_rank_batch(mode, batch, count)).summary)
     return table(summaries)
 
 

@@ -15,12 +15,12 @@ named phases (:class:`course_utils.parallel.wrappers.NamedDataParallel`) and the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
+from course_utils.observe.profiling import ITERATION_PREFIX, trace_events
 from course_utils.parallel.wrappers import DATAPARALLEL_BACKWARD, DATAPARALLEL_PHASES
 
 COMMUNICATION_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
@@ -68,9 +68,8 @@ def _is_communication_kernel(event: dict) -> bool:
     return event.get("cat") == "kernel" and "nccl" in event["name"].lower()
 
 
-def spans(trace: dict) -> dict[str, list[tuple[float, float]]]:
-    """The trace's steps, communication and computation as merged (start, end) spans in microseconds."""
-    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+def spans(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """A trace's steps, communication and computation as merged (start, end) spans in microseconds."""
     kernels = [e for e in events if e.get("cat") == "kernel"]
     if kernels:  # a GPU trace: the device's own timeline
         communication = [e for e in kernels if _is_communication_kernel(e)]
@@ -79,14 +78,14 @@ def spans(trace: dict) -> dict[str, list[tuple[float, float]]]:
         communication = [e for e in events if e["name"].startswith("gloo:")]
         computation = _innermost([e for e in events if e.get("cat") == "cpu_op"
                                   and not e["name"].startswith(COMMUNICATION_PREFIXES)])
-    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    steps = [e for e in events if e["name"].startswith(ITERATION_PREFIX)]
     return {name: _union((e["ts"], e["ts"] + e["dur"]) for e in chosen)
             for name, chosen in (("steps", steps), ("communication", communication), ("computation", computation))}
 
 
 def per_step(trace_file: Path) -> pd.DataFrame:
     """One row per recorded step: its time, its communication, and how much of that overlapped computation."""
-    found = spans(json.loads(Path(trace_file).read_text()))
+    found = spans(trace_events(trace_file))
     rows = []
     for start, end in found["steps"]:
         talk = _intersection(found["communication"], [(start, end)])
@@ -111,10 +110,10 @@ def dataparallel_phases(trace_file: Path) -> pd.DataFrame:
     """One row per recorded step of a DataParallel run: its time, the host's time in each of DataParallel's
     phases (forward: scatter, replicate, parallel_apply, gather; backward: gradients reduced into GPU 0,
     output gradients scattered), and the time the GPUs spent copying between devices and host."""
-    events = [e for e in json.loads(Path(trace_file).read_text())["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    events = trace_events(trace_file)
     phases = [*DATAPARALLEL_PHASES, *DATAPARALLEL_BACKWARD.values()]
     rows = []
-    for step in (e for e in events if e["name"].startswith("ProfilerStep#")):
+    for step in (e for e in events if e["name"].startswith(ITERATION_PREFIX)):
         start, end = step["ts"], step["ts"] + step["dur"]
         inside = [e for e in events if start <= e["ts"] < end]
         row = {"step_ms": step["dur"] / 1000, **{f"{phase}_ms": 0.0 for phase in phases}}

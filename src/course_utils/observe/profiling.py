@@ -11,6 +11,7 @@ trace the marks cost nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -25,6 +26,16 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 PHASES = ("data", "forward", "backward", "optimizer_step")
 TRACE_FILE = "trace.json"
+ITERATION_PREFIX = "ProfilerStep#"  # the profiler's range around each step, "ProfilerStep#12"
+
+
+def trace_events(trace_file: Path) -> list[dict]:
+    """The complete events (``"ph": "X"``, with a duration) of a Chrome trace the profiler wrote."""
+    trace_file = Path(trace_file)
+    if not trace_file.is_file():
+        raise FileNotFoundError(f"no trace at {trace_file}: train with trace=DIR (--trace DIR) first")
+    return [event for event in json.loads(trace_file.read_text())["traceEvents"]
+            if event.get("ph") == "X" and "dur" in event]
 OPERATORS_FILE = "operators.csv"
 PHASES_FILE = "phases.csv"
 

@@ -65,7 +65,7 @@ def show(logdir: Path, port: int | None = None) -> None:
     put_this_python_on_path()
     shell = get_ipython()
     shell.extension_manager.load_extension("tensorboard")  # silent when a second run finds it loaded
-    shell.run_line_magic("tensorboard", f"--logdir {logdir} --host 127.0.0.1 --port {port or default_port()}")
+    shell.run_line_magic("tensorboard", command(logdir, port).removeprefix("tensorboard "))
 
 
 def put_this_python_on_path() -> str | None:

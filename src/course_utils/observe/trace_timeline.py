@@ -10,16 +10,14 @@ and ``kernel`` the device's kernels.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
-from course_utils.observe.profiling import PHASES
+from course_utils.observe.profiling import ITERATION_PREFIX, PHASES, trace_events
 
-ITERATION_PREFIX = "ProfilerStep#"
 PHASE_COLORS = dict(zip(PHASES, ("#dd8452", "#4c72b0", "#c44e52", "#55a868")))
 LABEL_FONT_POINTS = 7.5
 CHARACTER_WIDTH = 0.62  # of the font size: a generous mean width of a character, so that a label that fits, fits
@@ -29,12 +27,8 @@ def read_spans(trace_file: Path) -> pd.DataFrame:
     """The iterations, the phases and the device's kernels of a trace: one row per span, with its ``row`` (where
     it runs), ``kind`` (iteration, phase or kernel), ``name``, and ``start_ms``/``end_ms`` from the first
     recorded iteration's start."""
-    trace_file = Path(trace_file)
-    if not trace_file.is_file():
-        raise FileNotFoundError(f"no trace at {trace_file}: train with trace=DIR (--trace DIR) first")
-    events = [event for event in json.loads(trace_file.read_text())["traceEvents"] if event.get("ph") == "X"]
     rows = []
-    for event in events:
+    for event in trace_events(trace_file):
         name, category = event.get("name", ""), event.get("cat", "")
         if category == "user_annotation" and name.startswith(ITERATION_PREFIX):
             kind, row = "iteration", f"host thread {event['tid']}: iterations"
@@ -47,7 +41,7 @@ def read_spans(trace_file: Path) -> pd.DataFrame:
         else:
             continue
         rows.append({"row": row, "kind": kind, "name": name, "start_us": float(event["ts"]),
-                     "duration_us": float(event.get("dur", 0.0))})
+                     "duration_us": float(event["dur"])})
     spans = pd.DataFrame(rows, columns=["row", "kind", "name", "start_us", "duration_us"])
     iterations = spans[spans["kind"] == "iteration"]
     if iterations.empty:

@@ -33,11 +33,7 @@ def mean_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
 
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when ``flag`` is true on at least one."""
-    if not active():
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return max_over_ranks(int(flag), device) > 0
 
 
 def barrier() -> None:

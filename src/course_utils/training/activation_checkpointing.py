@@ -19,13 +19,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-
 
 @contextlib.contextmanager
 def statistics_kept(block: nn.Module) -> Iterator[None]:
     """Run ``block`` without changing its BatchNorms' running statistics or batch counts."""
-    norms = [m for m in block.modules() if isinstance(m, BATCH_NORMS) and m.track_running_stats]
+    norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
     saved = [(norm.momentum, norm.num_batches_tracked.clone()) for norm in norms]
     for norm in norms:
         norm.momentum = 0.0  # the running average takes none of this batch

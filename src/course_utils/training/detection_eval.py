@@ -19,6 +19,7 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import nn
+from torchvision.ops import box_convert
 
 from course_utils.data.coco import Categories
 from course_utils.parallel import collectives
@@ -33,7 +34,7 @@ def coco_results(output: dict[str, torch.Tensor], image_id: int, categories: Cat
     """One image's detections (a torchvision detector's output: ``boxes`` as (x1, y1, x2, y2), ``labels``,
     ``scores``) as COCO result dicts."""
     boxes = output["boxes"].detach().float().cpu()
-    xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
+    xywh = box_convert(boxes, "xyxy", "xywh").tolist()
     return [{"image_id": image_id, "category_id": categories.category_id(label), "bbox": [round(v, 2) for v in box],
              "score": round(score, 5)}
             for box, label, score in zip(xywh, output["labels"].tolist(), output["scores"].float().tolist())]
@@ -95,7 +96,7 @@ def box_ap(ground_truth: COCO, detections: Detections, verbose: bool = False) ->
 
 
 def evaluate_detection(model: nn.Module, loader: Iterable, device: torch.device, ground_truth: COCO,
-                       categories: Categories, verbose: bool = False) -> dict[str, float | None]:
+                       categories: Categories) -> dict[str, float | None]:
     """Box AP of ``model`` on the images of ``loader`` (each rank its share): :func:`detect`, then :func:`box_ap`."""
-    return box_ap(ground_truth, detect(model, loader, device, categories), verbose=verbose)
+    return box_ap(ground_truth, detect(model, loader, device, categories))
 

@@ -238,10 +238,10 @@ class Loop:
         if self.state.resumed_from:
             self.observers.say(f"resuming from {self.state.resumed_from}: step {position.step}, epoch "
                                f"{position.epoch + 1}, {position.epoch_step} steps into it")
-        if self.state.resharded_from:
-            self.observers.say(f"resharded: written by {self.state.resharded_from} ranks, continued by "
-                               f"{self.setup.where.world_size} with the same global batch and sample order; "
-                               "random augmentations are drawn anew")
+            if self.state.resharded_from:
+                self.observers.say(f"resharded: written by {self.state.resharded_from} ranks, continued by "
+                                   f"{self.setup.where.world_size} with the same global batch and sample order; "
+                                   "random augmentations are drawn anew")
         elif self.cfg.resume:
             self.observers.say(f"no checkpoint in {folder.checkpoints} yet: starting from the beginning")
 

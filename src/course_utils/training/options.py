@@ -119,7 +119,8 @@ class TrainOptions:
     checkpoint_every: int | None = option(None, "also checkpoint every N steps within an epoch (every epoch's end "
                                           "always is)", metavar="N", at_least=1)
     resume: str | None = option(None, "continue from a checkpoint: auto takes the newest in --out's checkpoints/ "
-                                "(starting fresh if there is none), PATH a given file", metavar="auto|PATH")
+                                "(starting fresh if there is none), PATH a given file or a sharded checkpoint's "
+                                ".dcp folder", metavar="auto|PATH")
     keep_checkpoints: int = option(2, "keep the newest K checkpoints", metavar="K", at_least=1)
     overwrite: bool = option(False, "start a new run in an --out whose run did not finish (preempted, stopped or "
                              "crashed), deleting its checkpoints; without it such a run refuses to start there")

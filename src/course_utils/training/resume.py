@@ -70,11 +70,11 @@ def generator_state(generator: torch.Generator | None) -> torch.Tensor | None:
 def find(resume: str, checkpoint_dir: Path,
          map_location: torch.device) -> tuple[Path, dict[str, Any], list[str]] | None:
     """The checkpoint ``--resume`` names, loaded: ``auto`` is the newest whole one in this run's folder
-    (None if there is none yet: the run starts from scratch), anything else a file that must exist and
-    load. Also says which newer checkpoints ``auto`` skipped, and why."""
+    (None if there is none yet: the run starts from scratch), anything else a checkpoint file (or a sharded
+    checkpoint's folder) that must exist and load. Also says which newer checkpoints ``auto`` skipped, and why."""
     if resume != "auto":
         path = Path(resume)
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"--resume {resume}: no such checkpoint; use --resume auto to continue the run "
                                     f"in --out, or give a file such as {Path(checkpoint_dir) / LAST_CHECKPOINT}")
         return path, checkpoint.load(path, map_location), []
@@ -90,9 +90,13 @@ def find(resume: str, checkpoint_dir: Path,
     return None
 
 
-def _global_batch(config: dict[str, Any], world_size: int) -> str:
-    batch = config["batch_size"] * config["grad_accum"] * world_size
-    return f"{world_size} rank(s) x {config['batch_size']} images x {config['grad_accum']} micro-batch(es) = {batch}"
+def _global_batch(config: dict[str, Any], world_size: int) -> int:
+    return config["batch_size"] * config["grad_accum"] * world_size
+
+
+def _global_batch_text(config: dict[str, Any], world_size: int) -> str:
+    return (f"{world_size} rank(s) x {config['batch_size']} images x {config['grad_accum']} micro-batch(es) = "
+            f"{_global_batch(config, world_size)}")
 
 
 def check_same_training(saved: dict[str, Any], current: dict[str, Any], world_size: int, saved_world: int,
@@ -100,9 +104,9 @@ def check_same_training(saved: dict[str, Any], current: dict[str, Any], world_si
     """Refuse a checkpoint of another training, naming the setting that differs."""
     different = [f"{name}: {saved.get(name)!r} in the checkpoint, {current.get(name)!r} now"
                  for name in SAME_TRAINING if saved.get(name) != current.get(name)]
-    before, now = _global_batch(saved, saved_world), _global_batch(current, world_size)
-    if before.rsplit(" ", 1)[1] != now.rsplit(" ", 1)[1]:
-        different.append(f"global batch: {before} in the checkpoint, {now} now")
+    if _global_batch(saved, saved_world) != _global_batch(current, world_size):
+        different.append(f"global batch: {_global_batch_text(saved, saved_world)} in the checkpoint, "
+                         f"{_global_batch_text(current, world_size)} now")
     if different:
         raise ValueError(f"{path} is a checkpoint of another training ({'; '.join(different)}); resume with the "
                          f"same settings, or start a new run with a different --out")
@@ -156,7 +160,6 @@ class RunState:
         self.skipped: list[str] = []  # why ``--resume auto`` passed over newer checkpoints
         self.resharded_from: int | None = None  # the number of ranks that wrote the checkpoint, when not this one
         self._restore: dict[str, Any] | None = None  # this rank's generators, until the first epoch uses them
-        self._replay_steps = 0  # steps of the first epoch trained before the checkpoint, replayed by the loader
         self._epoch_start_loader: torch.Tensor | None = None  # the loader's generator before this epoch's iter()
 
     def resume(self, option: str) -> Position | None:
@@ -180,22 +183,21 @@ class RunState:
         self.resharded_from = state["world_size"] if state["world_size"] != setup.where.world_size else None
         # On another number of ranks the generators of the old ranks do not fit the new ones: drawn anew.
         self._restore = None if self.resharded_from else state["ranks"][setup.where.rank]
-        self._replay_steps = state["epoch_step"]
         self.resumed_from = str(path)
         return Position(state["step"], state["epoch"], state["epoch_step"],
                         torch.full((), state["epoch_loss_sum"], device=setup.device))
 
     def epoch_batches(self, position: Position) -> Iterator:
-        """The epoch's batches; right after a resume, continued from the checkpoint's place in them."""
+        """The epoch's batches from ``position``'s place in them: after a resume, the checkpoint's (an epoch
+        left unfinished ends the run, so any other epoch starts at its beginning)."""
         loaders, restore = self.setup.loaders, self._restore
         if restore is not None and restore["loader"] is not None:
             loaders.order_generator.set_state(restore["loader"])
         self._epoch_start_loader = generator_state(loaders.order_generator)
         batches = iter(loaders.train)
         # Replay the batches trained before the checkpoint: same order, same augmentations.
-        for _ in range(self._replay_steps * self.setup.cfg.grad_accum):
+        for _ in range(position.epoch_step * self.setup.cfg.grad_accum):
             next(batches)
-        self._replay_steps = 0
         if restore is not None:
             set_rng_state(restore["rng"])
             if restore["augment"] is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,7 @@ def _join_process_group(cfg: TrainOptions) -> process_group.Placement:
     return where
 
 
-DDP_KNOBS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "sync_bn")
+DDP_KNOBS = tuple(knob.name for knob in fields(DDPOptions))  # each is also a training option
 
 
 def check_parallel_options(cfg: TrainOptions, world_size: int, device: torch.device) -> None:
@@ -179,5 +179,4 @@ def _spread(model: nn.Module, cfg: TrainOptions, device: torch.device) -> nn.Mod
     """The model as ``--distributed`` spreads it: sharded in place by FSDP, or wrapped (or not)."""
     if cfg.distributed == "fsdp":
         return sharding.shard(model, models.blocks(model), AMP_DTYPES[cfg.amp], cfg.offload)
-    return wrap(model, cfg.distributed, device, DDPOptions(
-        cfg.bucket_cap_mb, cfg.gradient_as_bucket_view, cfg.static_graph, cfg.sync_bn))
+    return wrap(model, cfg.distributed, device, DDPOptions(**{knob: getattr(cfg, knob) for knob in DDP_KNOBS}))

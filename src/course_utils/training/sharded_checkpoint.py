@@ -13,7 +13,6 @@ checkpoint as the newest whole one.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from course_utils.atomic_files import replace_directory
 from course_utils.parallel.collectives import barrier
 from course_utils.training import checkpoint
 
@@ -41,21 +41,10 @@ def save_keeping(model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=partial)
     if is_main:
         checkpoint.save_atomic(extra, partial / checkpoint.SHARDED_EXTRA)
-        _move_into_place(partial, final)
+        replace_directory(partial, final)  # the same step saved again replaces the older folder
         checkpoint.remove_oldest(folder, keep)
     barrier()
     return final
-
-
-def _move_into_place(partial: Path, final: Path) -> None:
-    """Rename ``partial`` to ``final``; an older ``final`` (the same step saved again) goes first."""
-    if final.exists():
-        replaced = final.with_name(f".{final.name}.old.tmp")
-        os.replace(final, replaced)
-        os.replace(partial, final)
-        shutil.rmtree(replaced)
-    else:
-        os.replace(partial, final)
 
 
 def load_model_and_optimizer(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
