@@ -32,7 +32,7 @@ def main() -> None:
         if not result.ok:
             raise SystemExit(f"the all-reduce sweep failed (exit {result.returncode})")
         rows = json.loads(path.read_text())
-    print(f"recorded in {reference.record('allreduce', rows, device_name(shape.rank_device))}")
+    print(f"recorded in {reference.record('allreduce', rows, device_name(shape.rank_device), reference.SYNTHETIC)}")
 
 
 if __name__ == "__main__":

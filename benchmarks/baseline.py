@@ -25,7 +25,7 @@ def main() -> None:
            "first_iteration_ms": 1000 * summary["first_iteration_seconds"][0],
            "steady_iteration_ms": 1000 * summary["steady_iteration_seconds"], "test_top1": summary["test_top1"]}
     print(row)
-    print(f"recorded in {reference.record('baseline', [row], summary['device'])}")
+    print(f"recorded in {reference.record('baseline', [row], summary['device'], reference.data_used())}")
 
 
 if __name__ == "__main__":

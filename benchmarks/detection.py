@@ -32,7 +32,8 @@ def main() -> None:
     rows = [{"size": size.name, "model": size.detector, "steps": args.steps, "amp": args.amp, **row}
             for row in table.to_dict("records")]
     shape = data_parallel.parallel_shape()
-    print(f"recorded in {reference.record('detection', rows, device_name(shape.rank_device))}")
+    path = reference.record('detection', rows, device_name(shape.rank_device), reference.data_used('coco'))
+    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

@@ -79,11 +79,11 @@ def main() -> None:
     overhead = 100 * (bare_median / course_median - 1)
     print(f"median: course {course_median:.1f}, bare {bare_median:.1f} images/s; "
           f"the course loop costs {overhead:+.2f} % (goal <= 2 %)")
-    name = torch.cuda.get_device_name(device) if on_gpu else "CPU"
     path = reference.record("loop_overhead", [{
         "model": model_name, "batch_size": batch_size, "steps": args.steps, "repeats": args.repeats,
         "course_images_per_second": course_median, "bare_images_per_second": bare_median,
-        "course_runs": course, "bare_runs": bare, "overhead_percent": overhead}], name)
+        "course_runs": course, "bare_runs": bare, "overhead_percent": overhead}],
+        devices.device_name(device), reference.SYNTHETIC)
     print(f"recorded in {path}")
 
 

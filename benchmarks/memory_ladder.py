@@ -33,7 +33,8 @@ def main() -> None:
     measured = ladder.dropna(subset=["total_mib"]).drop(columns=["skipped"], errors="ignore")
     rows = [{"size": size.name, "model": args.model, "image_size": args.image_size, "batch_per_rank": args.batch_size,
              "steps": args.steps, **row} for row in measured.to_dict("records")]
-    print(f"recorded in {reference.record('memory_ladder', rows, device_name(shape.rank_device))}")
+    path = reference.record('memory_ladder', rows, device_name(shape.rank_device), reference.data_used())
+    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def main() -> None:
                      "runs": values, "cost_percent": cost})
         print(f"{mode:>8}: median {median:.1f} images/s, cost {cost:+.2f} % "
               f"(runs spread {min(values):.1f}..{max(values):.1f})")
-    print(f"recorded in {reference.record('observer_overhead', rows, device)}")
+    print(f"recorded in {reference.record('observer_overhead', rows, device, reference.data_used())}")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ def main() -> None:
     print(summary.round(3).to_string(index=False))
     rows = [{"size": size.name, "model": size.model, "batch_per_device": size.batch_size, "steps": args.steps,
              "repeats": args.repeats, "gpus": data_parallel.gpu_count(), **row} for row in summary.to_dict("records")]
-    print(f"recorded in {reference.record('parallel_modes', rows, device_name(default_device()))}")
+    path = reference.record('parallel_modes', rows, device_name(default_device()), reference.data_used())
+    print(f"recorded in {path}")
 
 
 if __name__ == "__main__":

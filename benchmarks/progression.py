@@ -43,7 +43,7 @@ def main() -> None:
     print(table.round(3).to_string())
     rows = [{"size": size.name, "model": size.model, "batch_size": size.batch_size, **row}
             for row in table.to_dict("records")]
-    print(f"recorded in {reference.record('progression', rows, device_name(default_device()))}")
+    print(f"recorded in {reference.record('progression', rows, device_name(default_device()), reference.data_used())}")
 
 
 if __name__ == "__main__":

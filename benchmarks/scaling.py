@@ -37,7 +37,7 @@ def main() -> None:
     table = pd.concat({"weak": weak, "strong": strong}, names=["study"]).reset_index(level=0)
     print(table.round(3).to_string(index=False))
     rows = [{"size": size.name, "model": args.model, "steps": args.steps, **row} for row in table.to_dict("records")]
-    print(f"recorded in {reference.record('scaling', rows, device_name(shape.rank_device))}")
+    print(f"recorded in {reference.record('scaling', rows, device_name(shape.rank_device), reference.data_used())}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ def main() -> None:
                     image_size=size.sweep_image_size)
     print(results.round(1).to_string())
     rows = [{"size": size.name, **row} for row in results.to_dict("records")]
-    print(f"recorded in {reference.record('sweep', rows, device_name(default_device()))}")
+    print(f"recorded in {reference.record('sweep', rows, device_name(default_device()), reference.SYNTHETIC)}")
 
 
 if __name__ == "__main__":

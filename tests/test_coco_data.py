@@ -96,7 +96,7 @@ def test_a_missing_tree_names_the_command_that_prepares_it(tmp_path):
     with pytest.raises(DatasetMissingError, match="python -m data_prep.tiny_coco --root .*coco") as caught:
         CocoBoxes(tmp_path / "coco", "val2017", prepare_hint=hint)
     assert "val2017, annotations/instances_val2017.json" in str(caught.value)
-    assert describe(tmp_path / "coco") == f"no COCO-format set in {tmp_path / 'coco'}"
+    assert describe(tmp_path / "coco") == f"no COCO-format set, in {tmp_path / 'coco'}"
 
 
 def test_problems_name_missing_images_and_annotation_files(tiny_coco, tmp_path):

@@ -13,6 +13,7 @@ from course_utils.data.cifar import (
     describe,
     expected_md5,
     file_md5,
+    kind,
     mismatched_files,
 )
 from course_utils.data.cifar100_labels import COARSE_LABEL_NAMES, FINE_LABEL_NAMES
@@ -55,7 +56,8 @@ def test_torchvision_reader_reads_it(tiny_root):
     assert torch.equal(image.permute(1, 2, 0), torch.from_numpy(dataset.data[0]))  # the pixels, unchanged
     assert dataset.classes == FINE_LABEL_NAMES
     assert sorted(set(dataset.targets)) == list(range(100))
-    assert "tiny generated" in describe(tiny_root)
+    assert describe(tiny_root).startswith("generated stand-in for CIFAR-100") and str(tiny_root) in describe(tiny_root)
+    assert "600 train" in kind(tiny_root) and str(tiny_root) not in kind(tiny_root)
 
 
 def test_plain_torchvision_refuses_it_on_the_official_checksums(tiny_root):

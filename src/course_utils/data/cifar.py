@@ -77,16 +77,21 @@ def mismatched_files(root: Path) -> list[str]:
     ]
 
 
-def describe(root: Path) -> str:
-    """One line saying which CIFAR-100 lives under ``root``: official, generated or none."""
-    folder = Path(root) / FOLDER
-    if not folder.is_dir():
-        return f"no CIFAR-100 under {root}"
+def kind(root: Path) -> str:
+    """Which CIFAR-100 lives under ``root``, without the folder (recorded results say it): official,
+    a generated stand-in, or none."""
+    if not (Path(root) / FOLDER).is_dir():
+        return "no CIFAR-100"
     manifest = read_manifest(root)
     if manifest is None:
-        return f"official CIFAR-100 (50000 train / 10000 test images) in {folder}"
-    return (f"tiny generated CIFAR-100 ({manifest['train']} train / {manifest['test']} test images, "
-            f"seed {manifest['seed']}) in {folder}")
+        return "official CIFAR-100 (50000 train / 10000 test images)"
+    return (f"generated stand-in for CIFAR-100 in the official format, class patterns instead of photos "
+            f"({manifest['train']} train / {manifest['test']} test images, seed {manifest['seed']})")
+
+
+def describe(root: Path) -> str:
+    """One line saying which CIFAR-100 lives under ``root`` and where."""
+    return f"{kind(root)} in {Path(root) / FOLDER}"
 
 
 class VerifiedCIFAR100(CIFAR100):

@@ -110,14 +110,19 @@ def problems(root: Path) -> list[str]:
     return found
 
 
-def describe(root: Path) -> str:
-    """One line saying what COCO-format set lives at ``root`` (from its validation annotations)."""
+def kind(root: Path) -> str:
+    """What COCO-format set lives at ``root``, without the folder (from its validation annotations)."""
     path = annotation_path(root, SPLITS[1])
     if not path.is_file():
-        return f"no COCO-format set in {root}"
+        return "no COCO-format set"
     document = json.loads(path.read_text())
     description = document.get("info", {}).get("description", "COCO-format set")
-    return f"{description}, {len(document.get('images', []))} validation images, in {root}"
+    return f"{description}, {len(document.get('images', []))} validation images"
+
+
+def describe(root: Path) -> str:
+    """One line saying what COCO-format set lives at ``root``, and where."""
+    return f"{kind(root)}, in {root}"
 
 
 def to_target(annotations: list[dict], image_id: int, categories: Categories, canvas_size: tuple[int, int]) -> Target:

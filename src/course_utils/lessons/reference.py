@@ -1,8 +1,9 @@
 """Numbers measured on real machines, recorded under ``benchmarks/results/``, for comparison (notebooks
 01-02 and 04-08; the benchmarks record them).
 
-Each result file is JSON with at least ``benchmark``, ``device``, ``date``, ``versions`` and
-``rows`` (a list of flat records). A learner on a laptop sees what a GPU did with the same code.
+Each result file is JSON with at least ``benchmark``, ``device``, ``date``, ``versions``, ``data`` (what
+the runs trained on: the official set, a generated stand-in of it, or synthetic tensors) and ``rows`` (a
+list of flat records). A learner on a laptop sees what a GPU did with the same code.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from course_utils import config
 from course_utils.config import checkout_root
+from course_utils.data import cifar, coco
 from course_utils.observe.metrics import json_safe
 
 
@@ -25,7 +28,7 @@ def results_dir() -> Path:
 
 
 def table(benchmark: str) -> pd.DataFrame:
-    """All recorded rows of ``benchmark``, one per row, with device, host CPU, date and torch columns."""
+    """All recorded rows of ``benchmark``, one per row, with device, host CPU, date, torch and data columns."""
     rows = []
     for path in sorted(results_dir().glob("*.json")):
         result = json.loads(path.read_text())
@@ -33,7 +36,8 @@ def table(benchmark: str) -> pd.DataFrame:
             continue
         for row in result["rows"]:
             rows.append({"device": result["device"], "cpu": result.get("machine", {}).get("cpu", ""),
-                         "date": result["date"], "torch": result["versions"].get("torch", ""), **row})
+                         "date": result["date"], "torch": result["versions"].get("torch", ""),
+                         "data": result.get("data", "not recorded"), **row})
     return pd.DataFrame(rows)
 
 
@@ -47,8 +51,21 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def record(benchmark: str, rows: list[dict], device: str) -> Path:
-    """Write ``rows`` measured on ``device`` as a new result file; return its path."""
+SYNTHETIC = "synthetic tensors (no data set read)"
+
+
+def data_used(dataset: str = "cifar100") -> str:
+    """What the active size's ``dataset`` is (official, or a generated stand-in), without its folder: a
+    result measured on stand-in images says so. ``synthetic``: no data set at all."""
+    if dataset == "synthetic":
+        return SYNTHETIC
+    root = config.data_dir(dataset=dataset)
+    return coco.kind(root) if dataset == "coco" else cifar.kind(root)
+
+
+def record(benchmark: str, rows: list[dict], device: str, data: str) -> Path:
+    """Write ``rows`` measured on ``device`` with ``data`` (:func:`data_used`) as a new result file; return
+    its path."""
     import torch
     import torchvision
 
@@ -60,6 +77,7 @@ def record(benchmark: str, rows: list[dict], device: str) -> Path:
         "device": device,
         "date": now.strftime("%Y-%m-%d"),
         "machine": {"cpu": _cpu_model(), "cpu_cores": os.cpu_count()},
+        "data": data,
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
                      "python": platform.python_version(), "cuda": torch.version.cuda, "hip": torch.version.hip},
         "rows": rows,
