@@ -9,44 +9,51 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from course_utils import config
+from course_utils.data import cifar, generated_cifar100, generated_coco
 from course_utils.data import coco as coco_data
-from course_utils.data import generated_coco
-from course_utils.data.cifar import FOLDER, DatasetCorruptError, describe, mismatched_files
-from course_utils.data.generated_cifar100 import generate
 from data_prep import cifar100, coco
 
 
-def verified(root) -> bool:
+def verified(root: Path) -> bool:
     """Whether ``root`` holds a whole CIFAR-100 that passes its checksums."""
     try:
-        return (root / FOLDER).is_dir() and not mismatched_files(root)
-    except DatasetCorruptError:  # a manifest this course did not write: prepare the data again
+        return (root / cifar.FOLDER).is_dir() and not cifar.mismatched_files(root)
+    except cifar.DatasetCorruptError:  # a manifest this course did not write: prepare the data again
         return False
 
 
-def prepare_cifar100(size: config.Size) -> int:
-    root = config.data_dir(size)
-    if verified(root):
-        print(f"{describe(root)}: verified, nothing to do")
-        return 0
-    if not size.generated_data:
-        return cifar100.main(["--root", str(root)])
-    generate(root)
-    print(f"{describe(root)}: ready")
-    return 0
+@dataclass(frozen=True)
+class Preparation:
+    """How one data set is checked, described, downloaded (workshop) and generated (ci)."""
+
+    ready: Callable[[Path], bool]
+    describe: Callable[[Path], str]
+    download: Callable[[list[str]], int]  # the data set's own command line
+    generate: Callable[[Path], object]
 
 
-def prepare_coco(size: config.Size) -> int:
-    root = config.data_dir(size, "coco")
-    if not coco_data.problems(root):
-        print(f"{coco_data.describe(root)}: verified, nothing to do")
+PREPARATIONS = {
+    "cifar100": Preparation(verified, cifar.describe, cifar100.main, generated_cifar100.generate),
+    "coco": Preparation(lambda root: not coco_data.problems(root), coco_data.describe, coco.main,
+                        generated_coco.generate),
+}
+
+
+def prepare(size: config.Size, dataset: str) -> int:
+    """Leave a verified tree as it is; otherwise download (workshop) or generate (ci) it."""
+    root, steps = config.data_dir(size, dataset), PREPARATIONS[dataset]
+    if steps.ready(root):
+        print(f"{steps.describe(root)}: verified, nothing to do")
         return 0
     if not size.generated_data:
-        return coco.main(["--root", str(root)])
-    generated_coco.generate(root)
-    print(f"{coco_data.describe(root)}: ready")
+        return steps.download(["--root", str(root)])
+    steps.generate(root)
+    print(f"{steps.describe(root)}: ready")
     return 0
 
 
@@ -59,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
                              "the ci size always makes its tiny COCO-format set")
     args = parser.parse_args(argv)
     size = config.get_size(args.size)
-    status = prepare_cifar100(size)
+    status = prepare(size, "cifar100")
     if status == 0 and (size.generated_data or args.coco):
-        status = prepare_coco(size)
+        status = prepare(size, "coco")
     return status
 
 

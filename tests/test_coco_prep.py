@@ -145,6 +145,7 @@ def test_a_failed_download_says_how_to_bring_the_archive(tmp_path, capsys):
 def test_data_prep_makes_the_tiny_coco_set_beside_the_tiny_cifar100_at_the_ci_size(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
     assert main(["--size", "ci"]) == 0
-    assert capsys.readouterr().out.splitlines()[1].startswith("Tiny generated COCO-format set (seed 0), 32 validation")
+    assert capsys.readouterr().out.splitlines()[1].startswith(
+        "Generated stand-in for COCO in its format, shapes instead of photos (seed 0), 32 validation")
     assert main(["--size", "ci"]) == 0
     assert capsys.readouterr().out.count("verified, nothing to do") == 2

@@ -116,7 +116,7 @@ def _split(count: int, first_image_id: int, first_annotation_id: int, seed: int,
         images.append({"license": 1, "file_name": name, "coco_url": "", "height": height, "width": width,
                        "date_captured": "2017-01-01 00:00:00", "flickr_url": "", "id": image_id})
     document = {
-        "info": {"description": f"Tiny generated COCO-format set (seed {seed})",
+        "info": {"description": f"Generated stand-in for COCO in its format, shapes instead of photos (seed {seed})",
                  "url": "", "version": "1.0", "year": 2017, "contributor": "course_utils",
                  "date_created": "2017/09/01"},
         "licenses": [{"url": "", "id": 1, "name": "Generated images, free to use"}],
