@@ -104,6 +104,13 @@ def run_ranks(nproc: int, out: Path, echo: bool = False, distributed: str = "ddp
     return result
 
 
+def traced_ranks(nproc: int, out: Path, **options: Any) -> tuple[pd.DataFrame, LaunchResult]:
+    """:func:`run_ranks` with rank 0 traced by the profiler: each traced step's communication and what of it
+    hid behind computation (:func:`course_utils.observe.communication.per_step`), and the launch."""
+    result = run_ranks(nproc, out, trace=Path(out) / "trace", **options)
+    return communication.per_step(Path(out) / "trace" / TRACE_FILE), result
+
+
 def _row(name: str, summary: dict[str, Any], devices: int) -> dict[str, Any]:
     memory = summary.get("peak_memory_per_gpu_mib")
     ranks = summary["per_rank"]
@@ -273,8 +280,7 @@ def communication_profile(buckets: int = 8, nproc: int | None = None, steps: int
     rows = []
     for index, cap in enumerate(tqdm((25.0, round(gradients / buckets, 3)), desc="bucket sizes", unit="run")):
         folder = Path(out or config.runs_dir() / "ddp-communication") / f"bucket-{index}"
-        run_ranks(nproc or shape.ranks, folder, bucket_cap_mb=cap, trace=folder / "trace", **options)
-        steps_table = communication.per_step(folder / "trace" / TRACE_FILE)
+        steps_table, _ = traced_ranks(nproc or shape.ranks, folder, bucket_cap_mb=cap, **options)
         rows.append({"bucket_cap_mb": cap, "gradient_mib": gradients, "buckets": max(1, math.ceil(gradients / cap)),
                      **steps_table.median().to_dict()})
     return pd.DataFrame(rows)

@@ -18,9 +18,7 @@ from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.lessons import scaling
-from course_utils.lessons.data_parallel import SCRATCH, parallel_shape, run_ranks
-from course_utils.observe import communication
-from course_utils.observe.profiling import TRACE_FILE
+from course_utils.lessons.data_parallel import SCRATCH, parallel_shape, traced_ranks
 from course_utils.parallel import transport
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
@@ -64,9 +62,9 @@ def communication_and_transport(ranks: int | None = None, out: str | Path | None
     """One traced DDP run of the detector with ``NCCL_DEBUG=INFO``: each step's communication and what of
     it hid behind computation (rank 0's trace), and which transport NCCL chose (none under gloo)."""
     folder = Path(out or config.runs_dir() / "detection-profile")
-    result = run_ranks(ranks or parallel_shape().ranks, folder, trace=folder / "trace",
-                       env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, **_options(options))
-    return communication.per_step(folder / "trace" / TRACE_FILE), transport.read(result.lines)  # NCCL's report
+    steps, result = traced_ranks(ranks or parallel_shape().ranks, folder,
+                                 env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, **_options(options))
+    return steps, transport.read(result.lines)  # NCCL's report
 
 
 def amp_effect(precisions: tuple[str, ...] = ("off", "bf16"), out: str | Path | None = None,
