@@ -52,6 +52,25 @@ def test_nccl_kernels_overlap_the_compute_kernels_on_the_device(tmp_path):
     assert row["hidden_ms"] == pytest.approx(0.2) and row["exposed_ms"] == pytest.approx(0.1)
 
 
+def test_the_device_side_copies_of_the_ranges_are_neither_steps_nor_phases(tmp_path):
+    """A GPU trace repeats every range on the stream, late by the host's lead: step N's copy overlaps step N+1,
+    which would merge the steps; DataParallel's weights and gradients move by NCCL kernels and copies."""
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": [
+        _event("ProfilerStep#3", 0, 1000), _event("ProfilerStep#4", 1000, 1000),
+        _event("ProfilerStep#3", 400, 1000, tid=7, cat="gpu_user_annotation"),
+        _event("ProfilerStep#4", 1400, 1000, tid=7, cat="gpu_user_annotation"),
+        _event("DataParallel.replicate", 100, 200), _event("DataParallel.replicate", 1100, 200),
+        _event("DataParallel.replicate", 500, 200, tid=7, cat="gpu_user_annotation"),
+        _event("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 520, 150, tid=7, cat="kernel"),
+        _event("Memcpy PtoP (Device -> Device)", 800, 50, tid=7, cat="gpu_memcpy"),
+    ]}))
+    assert list(communication.per_step(path)["step_ms"]) == [1.0, 1.0]
+    phases = communication.dataparallel_phases(path)
+    assert list(phases["step_ms"]) == [1.0, 1.0] and list(phases["replicate_ms"]) == [0.2, 0.2]
+    assert phases["gpu_copies_ms"][0] == pytest.approx(0.2) and phases["gpu_copies_ms"][1] == 0
+
+
 class Broadcast(torch.autograd.Function):
     """Named as DataParallel's replicate step is: its backward node is ``BroadcastBackward`` in a trace."""
 

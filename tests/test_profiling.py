@@ -1,11 +1,14 @@
+import copy
 import json
 
 import pandas as pd
 import pytest
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from course_utils.lessons import answers
-from course_utils.observe.profiling import PHASES, Ranges, TraceSchedule, read_tables
+from course_utils.observe.profiling import PHASES, Ranges, TraceSchedule, phase_split, read_tables, top_operators
 from course_utils.train import train
 
 
@@ -130,3 +133,36 @@ def test_a_gpu_trace_gets_a_row_per_device_stream(tmp_path):
     kernel = spans[spans["kind"] == "kernel"].iloc[0]
     assert (kernel["start_ms"], kernel["end_ms"]) == (pytest.approx(0.16), pytest.approx(0.24))
     plt.close(trace_timeline.draw(tmp_path / "trace.json"))
+
+
+class _WithDeviceCopies:
+    """A CPU profile as a GPU one reads: each range also listed on the device (``gpu_user_annotation``, no
+    host time), and a kernel beside the operators, as key_averages() gives them with CUDA activity."""
+
+    def __init__(self, prof: profile) -> None:
+        self.events = list(prof.key_averages())
+        for event in list(self.events):
+            if event.key in PHASES or event.key == "aten::mm":
+                device_side = copy.copy(event)
+                device_side.device_type, device_side.cpu_time_total, device_side.self_cpu_time_total = (
+                    DeviceType.CUDA, 0.0, 0.0)
+                device_side.key = event.key if event.key in PHASES else "void gemm_kernel<float>"
+                self.events.append(device_side)
+
+    def key_averages(self) -> list:
+        return self.events
+
+
+def test_the_device_side_copy_of_a_range_leaves_the_host_clock_alone():
+    """On a GPU the profiler keeps each range twice, on the host and on the device: the phase table reads the
+    host's (with the device time of its kernels), and the operator table lists operators, not kernels."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for name in PHASES:
+            with record_function(name):
+                torch.ones(64, 64) @ torch.ones(64, 64)
+    gpu_like = _WithDeviceCopies(prof)
+    phases = phase_split(gpu_like)
+    assert list(phases["phase"]) == list(PHASES) and (phases["cpu_ms"] > 0).all()
+    assert phases["host_share_percent"].sum() == pytest.approx(100)
+    assert phases.equals(phase_split(prof))
+    assert "void gemm_kernel<float>" not in set(top_operators(gpu_like)["operator"])

@@ -24,6 +24,7 @@ from course_utils.observe.profiling import ITERATION_PREFIX, trace_events
 from course_utils.parallel.wrappers import DATAPARALLEL_BACKWARD, DATAPARALLEL_PHASES
 
 COMMUNICATION_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
+HOST_CATEGORIES = ("user_annotation", "cpu_op")  # the host's ranges and operators (autograd's nodes too)
 
 
 def _union(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -68,8 +69,14 @@ def _is_communication_kernel(event: dict) -> bool:
     return event.get("cat") == "kernel" and "nccl" in event["name"].lower()
 
 
+def host_steps(events: list[dict]) -> list[dict]:
+    """The profiler's step ranges on the host. A GPU trace repeats each on the device's stream
+    (``gpu_user_annotation``), late by however far the host ran ahead: those would merge neighbouring steps."""
+    return [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith(ITERATION_PREFIX)]
+
+
 def spans(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
-    """A trace's steps, communication and computation as merged (start, end) spans in microseconds."""
+    """A trace's steps, and its communication and computation as merged (start, end) spans, in microseconds."""
     kernels = [e for e in events if e.get("cat") == "kernel"]
     if kernels:  # a GPU trace: the device's own timeline
         communication = [e for e in kernels if _is_communication_kernel(e)]
@@ -78,9 +85,10 @@ def spans(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
         communication = [e for e in events if e["name"].startswith("gloo:")]
         computation = _innermost([e for e in events if e.get("cat") == "cpu_op"
                                   and not e["name"].startswith(COMMUNICATION_PREFIXES)])
-    steps = [e for e in events if e["name"].startswith(ITERATION_PREFIX)]
-    return {name: _union((e["ts"], e["ts"] + e["dur"]) for e in chosen)
-            for name, chosen in (("steps", steps), ("communication", communication), ("computation", computation))}
+    merged = {name: _union((e["ts"], e["ts"] + e["dur"]) for e in chosen)
+              for name, chosen in (("communication", communication), ("computation", computation))}
+    # Steps stay apart, also where one ends exactly as the next begins.
+    return {"steps": sorted((e["ts"], e["ts"] + e["dur"]) for e in host_steps(events)), **merged}
 
 
 def per_step(trace_file: Path) -> pd.DataFrame:
@@ -109,18 +117,19 @@ def _phase_of(name: str) -> str | None:
 def dataparallel_phases(trace_file: Path) -> pd.DataFrame:
     """One row per recorded step of a DataParallel run: its time, the host's time in each of DataParallel's
     phases (forward: scatter, replicate, parallel_apply, gather; backward: gradients reduced into GPU 0,
-    output gradients scattered), and the time the GPUs spent copying between devices and host."""
+    output gradients scattered), and the time the GPUs spent moving data: copies between devices and host,
+    and the NCCL kernels by which replicate broadcasts the weights and the backward sums the gradients."""
     events = trace_events(trace_file)
     phases = [*DATAPARALLEL_PHASES, *DATAPARALLEL_BACKWARD.values()]
     rows = []
-    for step in (e for e in events if e["name"].startswith(ITERATION_PREFIX)):
+    for step in host_steps(events):
         start, end = step["ts"], step["ts"] + step["dur"]
         inside = [e for e in events if start <= e["ts"] < end]
         row = {"step_ms": step["dur"] / 1000, **{f"{phase}_ms": 0.0 for phase in phases}}
-        for event in inside:
-            if (phase := _phase_of(event["name"])) is not None:
+        for event in inside:  # the host's ranges and autograd nodes, not their device-side copies
+            if event.get("cat") in HOST_CATEGORIES and (phase := _phase_of(event["name"])) is not None:
                 row[f"{phase}_ms"] += event["dur"] / 1000
         row["gpu_copies_ms"] = _length(_union((e["ts"], e["ts"] + e["dur"]) for e in inside
-                                              if e.get("cat") == "gpu_memcpy")) / 1000
+                                              if e.get("cat") == "gpu_memcpy" or _is_communication_kernel(e))) / 1000
         rows.append(row)
     return pd.DataFrame(rows)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 PHASES = ("data", "forward", "backward", "optimizer_step")
@@ -112,13 +113,20 @@ def _device_total(event) -> float:
     return getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
 
 
+def host_events(prof: profile) -> list:
+    """The profiler's averages of what the host ran: operators and ranges, each with the device time of the
+    kernels it launched. A GPU trace also lists the kernels themselves and a device-side copy of every range
+    (``gpu_user_annotation``, no host time), under the same names: left out."""
+    return [e for e in prof.key_averages() if e.device_type == DeviceType.CPU]
+
+
 def top_operators(prof: profile, count: int = 15) -> pd.DataFrame:
     """The operators that took the most time (self time, on the device where there is one)."""
     rows = [
         {"operator": e.key, "calls": e.count, "cpu_self_ms": e.self_cpu_time_total / 1000,
          "cpu_total_ms": e.cpu_time_total / 1000,
          "device_self_ms": getattr(e, "self_device_time_total", 0.0) / 1000}
-        for e in prof.key_averages() if e.key not in PHASES and not e.key.startswith("ProfilerStep")
+        for e in host_events(prof) if e.key not in PHASES and not e.key.startswith("ProfilerStep")
     ]
     table = pd.DataFrame(rows)
     order = "device_self_ms" if table["device_self_ms"].sum() > 0 else "cpu_self_ms"
@@ -133,7 +141,7 @@ def phase_split(prof: profile) -> pd.DataFrame:
     launches no kernel, so only the host clock shows an input-bound run, on a GPU as on a CPU;
     the device clock shows where the GPU's own work goes.
     """
-    events = {e.key: e for e in prof.key_averages() if e.key in PHASES}
+    events = {e.key: e for e in host_events(prof) if e.key in PHASES}
     rows = [{"phase": name, "calls": events[name].count, "cpu_ms": events[name].cpu_time_total / 1000,
              "device_ms": _device_total(events[name]) / 1000} for name in PHASES if name in events]
     table = pd.DataFrame(rows)

@@ -40,21 +40,22 @@ def save_atomic(state: dict[str, Any], path: Path) -> Path:
     return write_atomic(path, lambda stream: torch.save(state, stream))
 
 
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint without executing anything from it; :class:`DamagedCheckpoint` names a bad file.
+def load(path: Path) -> dict[str, Any]:
+    """Read a checkpoint into host memory without executing anything from it; :class:`DamagedCheckpoint`
+    names a bad file.
     Of a sharded checkpoint (a folder) this reads all but the shards: see :mod:`.sharded_checkpoint`."""
     path = Path(path)
     if path.is_dir():
         if not (path / SHARDED_METADATA).is_file() or not (path / SHARDED_EXTRA).is_file():
             raise DamagedCheckpoint(f"{path} is not a whole sharded checkpoint (its {SHARDED_METADATA} or "
                                     f"{SHARDED_EXTRA} is missing)")
-        return _read(path / SHARDED_EXTRA, map_location, must_hold="step")
-    return _read(path, map_location, must_hold="model")
+        return _read(path / SHARDED_EXTRA, must_hold="step")
+    return _read(path, must_hold="model")
 
 
-def _read(path: Path, map_location: str | torch.device, must_hold: str) -> dict[str, Any]:
+def _read(path: Path, must_hold: str) -> dict[str, Any]:
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile) as error:
         if str(error).startswith("Weights only load failed"):  # never load such a file another way
             raise DamagedCheckpoint(f"{path} holds objects other than tensors and numbers; it was not loaded, "

@@ -67,21 +67,23 @@ def generator_state(generator: torch.Generator | None) -> torch.Tensor | None:
     return generator.get_state() if generator is not None else None
 
 
-def find(resume: str, checkpoint_dir: Path,
-         map_location: torch.device) -> tuple[Path, dict[str, Any], list[str]] | None:
+def find(resume: str, checkpoint_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
     """The checkpoint ``--resume`` names, loaded: ``auto`` is the newest whole one in this run's folder
     (None if there is none yet: the run starts from scratch), anything else a checkpoint file (or a sharded
-    checkpoint's folder) that must exist and load. Also says which newer checkpoints ``auto`` skipped, and why."""
+    checkpoint's folder) that must exist and load. Also says which newer checkpoints ``auto`` skipped, and why.
+
+    Loaded into host memory on every device: the generators' states must be CPU byte tensors, and
+    ``load_state_dict`` copies weights and optimizer state to where the parameters are."""
     if resume != "auto":
         path = Path(resume)
         if not path.exists():
             raise FileNotFoundError(f"--resume {resume}: no such checkpoint; use --resume auto to continue the run "
                                     f"in --out, or give a file such as {Path(checkpoint_dir) / LAST_CHECKPOINT}")
-        return path, checkpoint.load(path, map_location), []
+        return path, checkpoint.load(path), []
     skipped = []
     for path in checkpoint.candidates(checkpoint_dir):
         try:
-            return path, checkpoint.load(path, map_location), skipped
+            return path, checkpoint.load(path), skipped
         except checkpoint.DamagedCheckpoint as error:
             skipped.append(str(error))
     if skipped:
@@ -166,7 +168,7 @@ class RunState:
         """Load the checkpoint ``--resume`` names into model, optimizer, scheduler and scaler; its position,
         or None when ``auto`` finds no checkpoint yet."""
         setup = self.setup
-        found = find(option, self.folder.checkpoints, setup.device)
+        found = find(option, self.folder.checkpoints)
         if found is None:
             return None
         path, state, self.skipped = found
