@@ -218,6 +218,22 @@ def test_energy_per_image_is_the_reported_power_over_the_training_time_and_image
     assert summary["joules_per_image"] == pytest.approx(287.41 * seconds / (6 * quick["batch_size"]), rel=1e-6)
 
 
+def test_auto_samples_the_cpu_for_a_run_on_the_cpu_even_beside_a_gpu_tool(tmp_path, monkeypatch):
+    """CPU ranks on a GPU machine (notebooks 07 and 08 with one GPU) would otherwise report an idle GPU."""
+    import torch
+
+    from course_utils.observe.monitor.backends import open_backend
+    from course_utils.observe.monitor.sampler import Monitor
+
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\ncat '{FIXTURES / 'nvidia-smi_a100_nounits.csv'}'\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert open_backend("auto").name == "nvidia-smi"  # what auto finds on this machine
+    assert Monitor("auto", device=torch.device("cpu")).backend_name == "cpu"
+    assert Monitor("nvidia-smi", device=torch.device("cpu")).backend_name == "nvidia-smi"  # asked by name
+
+
 def _device(index, address, utilization):
     return {"index": index, "pci_address": address, "utilization_percent": utilization}
 

@@ -30,12 +30,15 @@ class Monitor:
 
     def __init__(self, backend: str = "auto", interval: float = 0.5, device: torch.device | None = None) -> None:
         """``device``: the one this process uses (default: its current GPU, else the CPU); its rows are
-        marked ``this_process``, matched by PCI address, since tool indices need not be the runtime's."""
+        marked ``this_process``, matched by PCI address, since tool indices need not be the runtime's.
+        ``auto`` for a process on the CPU samples the CPU, not the idle GPUs of its machine."""
         if interval <= 0:
             raise ValueError("the sampling interval must be positive")
-        self.backend = open_backend(backend)  # fails here, in the caller, if the backend is absent
+        device = device or devices.default_device()
+        # Fails here, in the caller, if the backend is absent.
+        self.backend = open_backend("cpu" if backend == "auto" and device.type == "cpu" else backend)
         self.interval = interval
-        self.pci_address = devices.pci_address(device or devices.default_device())
+        self.pci_address = devices.pci_address(device)
         self._rows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
