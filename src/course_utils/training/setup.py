@@ -71,6 +71,16 @@ def check_parallel_options(cfg: TrainOptions, world_size: int, device: torch.dev
     if cfg.offload and cfg.compile:
         raise ValueError("--offload with --compile: torch.compile cannot trace FSDP's copies between host and GPU; "
                          "drop one of them")
+    if cfg.distributed == "fsdp" and cfg.channels_last:
+        raise ValueError("--channels-last with --distributed fsdp: FSDP keeps each parameter as one contiguous "
+                         "tensor to shard it, and channels_last stores convolution weights in another order; drop "
+                         "--channels-last, or use --distributed ddp")
+    if cfg.distributed == "fsdp" and cfg.fused_optimizer:
+        raise ValueError("--fused-optimizer with --distributed fsdp: PyTorch's fused SGD kernel does not take "
+                         "FSDP's sharded parameters (DTensors); drop --fused-optimizer")
+    if cfg.distributed == "dp" and cfg.activation_checkpointing:
+        raise ValueError("--activation-checkpointing with --distributed dp: DataParallel copies every block to "
+                         "each GPU, and the copies would recompute with GPU 0's weights; use --distributed ddp")
     if cfg.sync_bn and device.type != "cuda":
         raise ValueError("--sync-bn needs GPUs: SyncBatchNorm runs on CUDA/ROCm devices only; leave it off on CPU")
 
