@@ -1,6 +1,7 @@
 """DistributedDataParallel for real: torchrun, two gloo ranks on the CPU, compared with one process."""
 
 import json
+import threading
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course_utils.data.loaders import shard_sampler
 from course_utils.parallel.launch import launch
+from course_utils.parallel.wrappers import InAutocast
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training import models
@@ -103,6 +105,29 @@ def test_ddp_knobs_reach_the_ddp_wrapper(quick, knobs, expected):
 def test_dataparallel_without_gpus_runs_on_one_device(quick):
     summary = train(**{**quick, "max_steps": 2}, distributed="dp")
     assert summary["data_parallel_devices"] == 1
+
+
+def _as_a_dataparallel_worker(module, images):
+    """What parallel_apply does with each replica on 2+ GPUs: a new thread, autocast switched on again there."""
+    outputs = []
+
+    def worker():
+        with torch.amp.autocast("cpu", enabled=True):
+            outputs.append(module(images))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    return outputs[0]
+
+
+def test_dataparallel_replicas_keep_the_callers_autocast_dtype():
+    """Autocast's dtype belongs to a thread: a replica's thread starts from the default (bf16 on the CPU, fp16 on
+    CUDA, where --amp bf16 then trained in fp16); each replica runs in the caller's dtype."""
+    layer, images = torch.nn.Linear(4, 4), torch.ones(2, 4)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert _as_a_dataparallel_worker(layer, images).dtype == torch.bfloat16  # what the replicas got
+        assert _as_a_dataparallel_worker(InAutocast(layer, "cpu", torch.float16), images).dtype == torch.float16
 
 
 @pytest.mark.parametrize("count,ranks,batch", [(512, 2, 16), (100, 4, 3), (37, 2, 5)])

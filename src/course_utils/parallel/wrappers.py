@@ -38,14 +38,34 @@ def named_phase(phase: str) -> Callable[..., object]:
     return run
 
 
+class InAutocast:
+    """A module called under the caller's autocast dtype. DataParallel runs each replica in a thread of its own,
+    where autocast starts from the default dtype (fp16 on CUDA): ``--amp bf16`` would train them in fp16."""
+
+    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+        self.module, self.device_type, self.dtype = module, device_type, dtype
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+
 class NamedDataParallel(nn.DataParallel):
     """DataParallel whose phases are named ranges in a profiler trace (``DataParallel.scatter`` ...), so that
-    notebook 06 can measure each one; outside a profiler a range costs a few microseconds."""
+    notebook 06 can measure each one; outside a profiler a range costs a few microseconds. Its replicas run
+    under the caller's autocast dtype."""
 
     scatter = named_phase("scatter")
     replicate = named_phase("replicate")
-    parallel_apply = named_phase("parallel_apply")
+    _parallel_apply = named_phase("parallel_apply")
     gather = named_phase("gather")
+
+    def parallel_apply(self, replicas: list[nn.Module], inputs: list, kwargs: list) -> list:
+        device_type = self.src_device_obj.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            replicas = [InAutocast(replica, device_type, dtype) for replica in replicas]
+        return self._parallel_apply(replicas, inputs, kwargs)
 
 
 @dataclass(frozen=True)

@@ -28,17 +28,18 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device,
     model.eval()
     sums = torch.zeros(4, device=device)  # loss, top-1 hits, top-5 hits, images
     batches = 0
+    prepare = on_device or (lambda images: images)
     for images, labels in loader:
         batches += 1
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        logits = model(on_device(images) if on_device is not None else images)
+        logits = model(prepare(images))
         best = logits.topk(min(5, logits.shape[1]), dim=1).indices
         hits = best == labels[:, None]
         sums += torch.stack([nn.functional.cross_entropy(logits.float(), labels, reduction="sum"),
                              hits[:, 0].sum(), hits.any(dim=1).sum(), torch.tensor(len(labels), device=device)])
     if lockstep:
         for _ in range(max_over_ranks(batches, device) - batches):
-            model(images[:0].to(device))
+            model(prepare(images[:0]))  # the last batch's shape and dtype, as the model takes it
     model.train()
     if sharded:
         sum_over_ranks(sums)

@@ -31,8 +31,13 @@ def _pick_device(name: str) -> torch.device:
             raise RuntimeError(f"{mismatch} To train on the CPU on purpose, pass --device cpu.")
         return devices.default_device()  # under DDP, the GPU of this rank: joining the group made it current
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
         raise RuntimeError(f"--device {name} asked for a GPU, but torch sees none; use --device cpu")
+    # With its index, made current: CUDA events, streams and DALI work on the current GPU, not on the model's.
+    device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+    torch.cuda.set_device(device)
     return device
 
 
@@ -167,8 +172,9 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
     # The same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's weights).
     seed_everything(cfg.seed)
     if device.type == "cuda":
-        # Let cuDNN (MIOpen on ROCm) search for the fastest kernels: costly in the first iterations.
-        torch.backends.cudnn.benchmark = True
+        # Let cuDNN (MIOpen on ROCm) search for the fastest kernels, costly in the first iterations; not for a
+        # detector, whose every new image size would be searched again.
+        torch.backends.cudnn.benchmark = not cfg.detection
     loaders = _loaders(cfg, where, device)
     classes = class_count(cfg.data, cfg.data_dir)
     model = models.build(cfg.model, num_classes=classes, image_size=cfg.image_size).to(device)
