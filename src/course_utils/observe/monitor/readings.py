@@ -2,7 +2,8 @@
 (notebook 02, and any run with ``--monitor``).
 
 Parsers read the tools' real output formats. ``nvidia-smi --query-gpu=... --format=csv,nounits``
-prints a header with units in brackets and values such as ``[N/A]`` or ``[Not Supported]``.
+prints a header with units in brackets and values such as ``[N/A]`` or ``[Not Supported]``; the header names
+each field by its full name (``clocks.current.sm`` where ``clocks.sm`` was asked for), so the full names are asked.
 ``rocm-smi --json`` prints one object per ``cardN`` whose keys are the text labels of its plain
 output, and those labels changed between ROCm releases: power is ``Average Graphics Package
 Power (W)`` in ROCm 5 and on MI200, ``Current Socket Graphics Package Power (W)`` where the
@@ -19,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 
 NVIDIA_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "power.draw",
-                 "power.limit", "temperature.gpu", "clocks.sm", "pci.bus_id")
+                 "power.limit", "temperature.gpu", "clocks.current.sm", "pci.bus_id")
 MIB = 2**20
 SECONDARY_DIE = "Secondary die"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -91,7 +92,7 @@ def parse_nvidia_smi(text: str) -> list[Reading]:
             power_watts=number(value.get("power.draw")),
             power_limit_watts=number(value.get("power.limit")),
             temperature_c=number(value.get("temperature.gpu")),
-            clock_mhz=number(value.get("clocks.sm")),
+            clock_mhz=number(value.get("clocks.current.sm")),
             pci_address=pci_address(value.get("pci.bus_id")),
         ))
     return readings
