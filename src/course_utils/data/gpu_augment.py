@@ -15,6 +15,8 @@ from torchvision.transforms.v2 import functional as TF
 
 from course_utils.data.transforms import CIFAR100_MEAN, CIFAR100_STD
 
+_SCALE_CACHE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
 
 class BatchAugment:
     """uint8 ``B x 3 x H x W`` batch on any device -> normalised float32, optionally augmented."""
@@ -26,7 +28,10 @@ class BatchAugment:
         self.generator = generator
 
     def _random(self, high: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        return torch.randint(high, shape, generator=self.generator).to(device)
+        """Drawn on the host (the CPU transforms' numbers), sent from pinned memory: a copy from pageable memory
+        would make the host wait for the GPU's queued work, every batch."""
+        drawn = torch.randint(high, shape, generator=self.generator)
+        return (drawn.pin_memory() if device.type == "cuda" else drawn).to(device, non_blocking=True)
 
     def crop(self, images: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Each image cropped from its zero-padded version at its own (top, left) offset."""
@@ -47,4 +52,13 @@ class BatchAugment:
             batch = self.crop(batch, self._random(2 * self.padding + 1, (count, 2), batch.device))
             flip = self._random(2, (count,), batch.device).bool()
             batch = torch.where(flip[:, None, None, None], batch.flip(-1), batch)
-        return TF.normalize(batch, list(CIFAR100_MEAN), list(CIFAR100_STD))
+        mean, std = _scale(batch.device)
+        return (batch - mean) / std
+
+
+def _scale(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """CIFAR-100's mean and spread on ``device``, sent once (a list to normalize() is sent again every batch)."""
+    if device not in _SCALE_CACHE:
+        _SCALE_CACHE[device] = tuple(torch.tensor(values, device=device).view(1, -1, 1, 1)
+                                     for values in (CIFAR100_MEAN, CIFAR100_STD))
+    return _SCALE_CACHE[device]
