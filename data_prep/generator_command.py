@@ -9,18 +9,23 @@ from pathlib import Path
 
 
 def run(description: str, generate: Callable[[Path, int, int, int], Path], what: str, root_help: str,
-        splits: tuple[tuple[str, int], tuple[str, int]], argv: list[str] | None = None) -> None:
+        splits: tuple[tuple[str, int], tuple[str, int]], argv: list[str] | None = None,
+        switch: tuple[str, str] | None = None) -> None:
     """Parse ``--root``, one ``--<split>`` count per (split, default) pair and ``--seed``, call ``generate``
-    with them in that order, and say what was written; a count ``generate`` refuses is a usage error."""
+    with them in that order, and say what was written; a count ``generate`` refuses is a usage error.
+    ``switch`` (flag, help) adds one on/off option, passed to ``generate`` by its name."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, required=True, help=root_help)
     for split, default in splits:
         parser.add_argument(f"--{split}", type=int, default=default, help=f"{split} images (default {default})")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    if switch:
+        parser.add_argument(f"--{switch[0]}", action="store_true", help=switch[1])
     args = parser.parse_args(argv)
     counts = [getattr(args, split) for split, _ in splits]
+    options = {switch[0].replace("-", "_"): getattr(args, switch[0].replace("-", "_"))} if switch else {}
     try:
-        folder = generate(args.root, *counts, args.seed)
+        folder = generate(args.root, *counts, args.seed, **options)
     except ValueError as error:
         parser.error(str(error))
     print(f"wrote {what} ({' / '.join(f'{n} {split}' for n, (split, _) in zip(counts, splits))} images) to {folder}")

@@ -1,6 +1,8 @@
 """Write a tiny COCO-format detection set in COCO 2017's layout (the ``ci`` size's data for notebook 10).
 
-    python -m data_prep.tiny_coco --root data/tiny/coco [--train N --val N --seed 0]
+    python -m data_prep.tiny_coco --root data/tiny/coco [--train N --val N --seed 0] [--photo-sizes]
+
+``--photo-sizes`` draws the images at COCO's own sizes (the full-size stand-in a detector is timed on).
 
 What the files hold is in :mod:`course_utils.data.generated_coco`. Output is a pure function of the
 arguments.
@@ -8,14 +10,16 @@ arguments.
 
 from __future__ import annotations
 
-from course_utils.data.generated_coco import TRAIN_IMAGES, VAL_IMAGES, generate
+from course_utils.data.generated_coco import PHOTO_SIDES, SIDES, TRAIN_IMAGES, VAL_IMAGES, generate
 from data_prep import generator_command
 
 
 def main(argv: list[str] | None = None) -> None:
     generator_command.run(__doc__, generate, "a tiny COCO-format set",
                           "folder that receives train2017/, val2017/ and annotations/",
-                          (("train", TRAIN_IMAGES), ("val", VAL_IMAGES)), argv)
+                          (("train", TRAIN_IMAGES), ("val", VAL_IMAGES)), argv,
+                          ("photo-sizes", f"images {PHOTO_SIDES[0]}-{PHOTO_SIDES[1]} px a side, as COCO's photos, "
+                                          f"instead of {SIDES[0]}-{SIDES[1]}: the stand-in to time a detector on"))
 
 
 if __name__ == "__main__":

@@ -81,3 +81,17 @@ def test_bad_parameters_are_refused_and_leave_the_tree(tmp_path):
     with pytest.raises(ValueError, match="train images must be a whole number"):
         generate(folder, train=0)
     assert len(list((folder / "train2017").iterdir())) == 4
+
+
+def test_the_photo_sized_stand_in_has_cocos_image_sizes_on_disk(tmp_path):
+    from PIL import Image
+
+    from course_utils.data.generated_coco import PHOTO_SIDES
+    from data_prep import tiny_coco
+
+    tiny_coco.main(["--root", str(tmp_path / "coco"), "--train", "6", "--val", "2", "--photo-sizes"])
+    document = json.loads(annotation_path(tmp_path / "coco", "train2017").read_text())
+    for image in document["images"]:
+        with Image.open(tmp_path / "coco" / "train2017" / image["file_name"]) as picture:
+            assert picture.size == (image["width"], image["height"])
+        assert PHOTO_SIDES[0] <= min(picture.size) and max(picture.size) <= PHOTO_SIDES[1]

@@ -31,6 +31,7 @@ CATEGORIES = (
 )
 SHAPES = {1: ("ellipse", (220, 40, 40)), 3: ("rectangle", (40, 80, 220)), 18: ("triangle", (40, 170, 60))}
 SIDES = (112, 224)  # smallest and largest image side in pixels
+PHOTO_SIDES = (360, 640)  # COCO 2017's photos: most are 640 px on the long side, 360-480 on the short
 # An object's side before its aspect ratio (1:2 to 2:1): objects span COCO's small (< 32x32), medium and
 # large (> 96x96) areas.
 OBJECT_SIDES = (14, 128)
@@ -91,13 +92,13 @@ def _objects(width: int, height: int, rng: np.random.Generator) -> list[tuple[in
     return placed
 
 
-def _split(count: int, first_image_id: int, first_annotation_id: int, seed: int,
-           rng: np.random.Generator) -> tuple[dict, dict[str, bytes]]:
+def _split(count: int, first_image_id: int, first_annotation_id: int, seed: int, rng: np.random.Generator,
+           sides: tuple[int, int]) -> tuple[dict, dict[str, bytes]]:
     """A split's annotation file (as a dict) and its JPEG files by name."""
     images, annotations, files = [], [], {}
     for index in range(count):
         image_id = first_image_id + index
-        width, height = (int(side) for side in rng.integers(SIDES[0], SIDES[1] + 1, size=2))
+        width, height = (int(side) for side in rng.integers(sides[0], sides[1] + 1, size=2))
         background = tuple(int(v) for v in rng.integers(150, 236, size=3))
         picture = Image.new("RGB", (width, height), background)
         draw = ImageDraw.Draw(picture)
@@ -136,15 +137,18 @@ def check_parameters(train: int, val: int, seed: int) -> None:
         raise ValueError(f"the seed must be a whole number from 0, not {seed!r}")
 
 
-def generate(folder: Path, train: int = TRAIN_IMAGES, val: int = VAL_IMAGES, seed: int = 0) -> Path:
+def generate(folder: Path, train: int = TRAIN_IMAGES, val: int = VAL_IMAGES, seed: int = 0,
+             photo_sizes: bool = False) -> Path:
     """Write the set to ``folder`` (its ``train2017/``, ``val2017/`` and ``annotations/``) atomically:
-    everything is written beside it and renamed into place at once. Returns ``folder``."""
+    everything is written beside it and renamed into place at once. ``photo_sizes``: images of COCO's
+    own sizes, where JPEG decoding and resizing cost what they cost on COCO. Returns ``folder``."""
     check_parameters(train, val, seed)
     rng = np.random.default_rng(seed)
     with whole_directory(folder) as staging:
         first_image_id = first_annotation_id = 1  # ids from 1, disjoint between splits, as in COCO
         for split, count in zip(SPLITS, (train, val)):
-            document, files = _split(count, first_image_id, first_annotation_id, seed, rng)
+            document, files = _split(count, first_image_id, first_annotation_id, seed, rng,
+                                     PHOTO_SIDES if photo_sizes else SIDES)
             (staging / split).mkdir()
             for name, data in files.items():
                 (staging / split / name).write_bytes(data)

@@ -16,7 +16,9 @@ and copies them to the GPU when needed: the largest models fit, each step pays f
 from __future__ import annotations
 
 import torch
+from torch import distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 
@@ -30,18 +32,30 @@ def _norm_policy(amp_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=amp_dtype)
 
 
-def shard(model: nn.Module, blocks: list[nn.Module], amp_dtype: torch.dtype | None, offload: bool) -> nn.Module:
-    """Shard ``model`` over the process group: each of ``blocks``, then the root (which keeps what no
-    block holds: the stem and the head). The module is changed in place and returned."""
+def ranks_mesh(device: torch.device) -> DeviceMesh:
+    """Every rank of the process group in one row, on the devices the run trains on.
+
+    Without a mesh, ``fully_shard`` builds one on the machine's accelerator: CPU ranks on a GPU machine (the
+    one-GPU shape of notebook 09) then each claim GPU ``LOCAL_RANK``, and rank 1 fails with "invalid device
+    ordinal" where there is one GPU.
+    """
+    return init_device_mesh(device.type, (dist.get_world_size(),))
+
+
+def shard(model: nn.Module, blocks: list[nn.Module], amp_dtype: torch.dtype | None, offload: bool,
+          device: torch.device) -> nn.Module:
+    """Shard ``model`` over the process group's ranks on ``device``: each of ``blocks``, then the root (which
+    keeps what no block holds: the stem and the head). The module is changed in place and returned."""
     offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    mesh = ranks_mesh(device)
     if amp_dtype is not None:
         for norm in model.modules():
             if isinstance(norm, nn.modules.batchnorm._BatchNorm):
-                fully_shard(norm, mp_policy=_norm_policy(amp_dtype), offload_policy=offload_policy)
+                fully_shard(norm, mesh=mesh, mp_policy=_norm_policy(amp_dtype), offload_policy=offload_policy)
     policy = precision_policy(amp_dtype)
     for block in blocks:
-        fully_shard(block, mp_policy=policy, offload_policy=offload_policy)
-    fully_shard(model, mp_policy=policy, offload_policy=offload_policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload_policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload_policy)
     return model
 
 

@@ -194,5 +194,5 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
 def _spread(model: nn.Module, cfg: TrainOptions, device: torch.device) -> nn.Module:
     """The model as ``--distributed`` spreads it: sharded in place by FSDP, or wrapped (or not)."""
     if cfg.distributed == "fsdp":
-        return sharding.shard(model, models.blocks(model), AMP_DTYPES[cfg.amp], cfg.offload)
+        return sharding.shard(model, models.blocks(model), AMP_DTYPES[cfg.amp], cfg.offload, device)
     return wrap(model, cfg.distributed, device, DDPOptions(**{knob: getattr(cfg, knob) for knob in DDP_KNOBS}))
