@@ -7,9 +7,16 @@ channel and peer, as NCCL and RCCL do::
     nid005001:81234:81290 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read
     nid005001:81234:81291 [7] NCCL INFO Channel 03/0 : 7[7] -> 8[0] [send] via NET/AWS Libfabric/0/GDRDMA
 
+RCCL adds the communicator (``... via P2P/IPC comm 0x9bbf3b0 nRanks 4096``), NCCL with shared buffers writes
+``.../GDRDMA/Shared``: GPU-direct RDMA is ``GDRDMA`` anywhere in the path. The aws-ofi-nccl/-rccl plugin names
+itself (``NET/OFI Using aws-ofi-rccl 1.4.0``, in later releases ``NET/OFI Initializing aws-ofi-nccl 1.19.0``) and its
+provider (``Selected Provider is cxi (found 4 nics)``, from 2025 ``Selected provider is cxi, fabric is cxi (found 4
+nics)``); it is credited only where NCCL's connections or its ``Using network`` line say NCCL used libfabric.
+
 ``P2P`` is a direct path between two GPUs of a node (NVLink, Infinity Fabric or PCIe), ``SHM`` a copy
 through host memory, ``NET/...`` a network between nodes: ``IB`` (InfiniBand or RoCE), ``AWS
-Libfabric`` or ``OFI`` (the libfabric plugin: Slingshot's cxi on LUMI, EFA on AWS), ``Socket``
+Libfabric`` or ``OFI`` (the libfabric plugin: Slingshot's cxi on LUMI, EFA on AWS), ``IBext_v8`` (HPC-X's
+SHARP plugin: IB too), ``UCX`` (the rdma-sharp plugin's), ``Socket``
 (plain TCP: far slower; on LUMI it means the plugin was not loaded). Without GPUs the ranks use
 gloo, which speaks TCP and prints no such report.
 
