@@ -9,12 +9,20 @@ own stream, and computation is every other kernel; on CPUs they are gloo's ``glo
 ranges on its worker threads, and computation is the innermost operators the training thread ran
 (not the ranges around them: the backward pass's last one also holds the wait for the all-reduce).
 
+The device runs behind the host (the loop synchronizes only at its log points), so a step's kernels often
+run after the host's range for that step has ended: each kernel, copy and memset belongs to the step whose
+host code launched it, found through the launch's ``correlation`` id (the same id on the runtime call and on
+the device's event). Cut by the host's windows instead, a step's all-reduce lands in the next step and the
+last step's kernels in none. HolisticTraceAnalysis reads the same overlap from GPU traces
+(``get_comm_comp_overlap``); the tests check the two agree on real traces.
+
 DataParallel moves data differently, from one process in every step: :func:`dataparallel_phases` reads its
 named phases (:class:`course_utils.parallel.wrappers.NamedDataParallel`) and the copies between GPUs.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,6 +33,8 @@ from course_utils.parallel.wrappers import DATAPARALLEL_BACKWARD, DATAPARALLEL_P
 
 COMMUNICATION_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
 HOST_CATEGORIES = ("user_annotation", "cpu_op")  # the host's ranges and operators (autograd's nodes too)
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")  # the device's own work
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")  # the host's launches (ROCm's traces name HIP's calls so too)
 
 
 def _union(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -75,30 +85,59 @@ def host_steps(events: list[dict]) -> list[dict]:
     return [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith(ITERATION_PREFIX)]
 
 
-def spans(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
-    """A trace's steps, and its communication and computation as merged (start, end) spans, in microseconds."""
-    kernels = [e for e in events if e.get("cat") == "kernel"]
-    if kernels:  # a GPU trace: the device's own timeline
-        communication = [e for e in kernels if _is_communication_kernel(e)]
-        computation = [e for e in kernels if not _is_communication_kernel(e)]
-    else:
-        communication = [e for e in events if e["name"].startswith("gloo:")]
-        computation = _innermost([e for e in events if e.get("cat") == "cpu_op"
-                                  and not e["name"].startswith(COMMUNICATION_PREFIXES)])
-    merged = {name: _union((e["ts"], e["ts"] + e["dur"]) for e in chosen)
-              for name, chosen in (("communication", communication), ("computation", computation))}
-    # Steps stay apart, also where one ends exactly as the next begins.
-    return {"steps": sorted((e["ts"], e["ts"] + e["dur"]) for e in host_steps(events)), **merged}
+def _correlation(event: dict) -> int | None:
+    return (event.get("args") or {}).get("correlation")
+
+
+def device_work_by_step(events: list[dict], steps: list[dict]) -> list[list[dict]]:
+    """The device's kernels, copies and memsets of each host step (``steps`` in time order): those the step's
+    host code launched (the launch that shares the event's correlation id lies in the step's range). Work launched
+    before the record began (its launch is not in the trace) belongs to none; in a trace without launches or
+    correlation ids, work falls to the step whose range holds its start."""
+    starts = [step["ts"] for step in steps]
+
+    def step_at(ts: float) -> int | None:
+        index = bisect_right(starts, ts) - 1
+        return index if index >= 0 and ts < steps[index]["ts"] + steps[index]["dur"] else None
+
+    launched = {_correlation(e): step_at(e["ts"]) for e in events
+                if e.get("cat") in LAUNCH_CATEGORIES and _correlation(e) is not None}
+    found: list[list[dict]] = [[] for _ in steps]
+    for event in events:
+        if event.get("cat") in DEVICE_CATEGORIES:
+            correlation = _correlation(event)
+            # A launch missing from a trace that holds launches came before the record began: no recorded step's
+            index = step_at(event["ts"]) if correlation is None or not launched else launched.get(correlation)
+            if index is not None:
+                found[index].append(event)
+    return found
+
+
+def _merged(events: Iterable[dict]) -> list[tuple[float, float]]:
+    return _union((e["ts"], e["ts"] + e["dur"]) for e in events)
 
 
 def per_step(trace_file: Path) -> pd.DataFrame:
-    """One row per recorded step: its time, its communication, and how much of that overlapped computation."""
-    found = spans(trace_events(trace_file))
+    """One row per recorded step: its time, its communication, and how much of that overlapped computation.
+    On a GPU, a step's communication is the NCCL/RCCL kernels its host code launched, wherever they ran;
+    hidden is what of it ran beside a computation kernel of the recorded steps."""
+    events = trace_events(trace_file)
+    steps = sorted(host_steps(events), key=lambda step: step["ts"])
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    if kernels:  # a GPU trace: the device's own timeline
+        work = device_work_by_step(events, steps)
+        computation = _merged(e for found in work for e in found
+                              if e.get("cat") == "kernel" and not _is_communication_kernel(e))
+        talks = [_merged(e for e in found if _is_communication_kernel(e)) for found in work]
+    else:  # gloo: its ranges run on the host's threads, inside the step that called them
+        communication = _merged(e for e in events if e["name"].startswith("gloo:"))
+        computation = _union((e["ts"], e["ts"] + e["dur"]) for e in _innermost(
+            [e for e in events if e.get("cat") == "cpu_op" and not e["name"].startswith(COMMUNICATION_PREFIXES)]))
+        talks = [_intersection(communication, [(step["ts"], step["ts"] + step["dur"])]) for step in steps]
     rows = []
-    for start, end in found["steps"]:
-        talk = _intersection(found["communication"], [(start, end)])
-        hidden = _length(_intersection(talk, found["computation"]))
-        rows.append({"step_ms": (end - start) / 1000, "communication_ms": _length(talk) / 1000,
+    for step, talk in zip(steps, talks):
+        hidden = _length(_intersection(talk, computation))
+        rows.append({"step_ms": step["dur"] / 1000, "communication_ms": _length(talk) / 1000,
                      "hidden_ms": hidden / 1000, "exposed_ms": (_length(talk) - hidden) / 1000})
     table = pd.DataFrame(rows)
     if not table.empty:
@@ -122,14 +161,30 @@ def dataparallel_phases(trace_file: Path) -> pd.DataFrame:
     events = trace_events(trace_file)
     phases = [*DATAPARALLEL_PHASES, *DATAPARALLEL_BACKWARD.values()]
     rows = []
-    for step in host_steps(events):
+    steps = sorted(host_steps(events), key=lambda step: step["ts"])
+    for step, work in zip(steps, device_work_by_step(events, steps)):
         start, end = step["ts"], step["ts"] + step["dur"]
-        inside = [e for e in events if start <= e["ts"] < end]
         row = {"step_ms": step["dur"] / 1000, **{f"{phase}_ms": 0.0 for phase in phases}}
-        for event in inside:  # the host's ranges and autograd nodes, not their device-side copies
-            if event.get("cat") in HOST_CATEGORIES and (phase := _phase_of(event["name"])) is not None:
+        for event in events:  # the host's ranges and autograd nodes, not their device-side copies
+            if (start <= event["ts"] < end and event.get("cat") in HOST_CATEGORIES
+                    and (phase := _phase_of(event["name"])) is not None):
                 row[f"{phase}_ms"] += event["dur"] / 1000
-        row["gpu_copies_ms"] = _length(_union((e["ts"], e["ts"] + e["dur"]) for e in inside
-                                              if e.get("cat") == "gpu_memcpy" or _is_communication_kernel(e))) / 1000
+        row["gpu_copies_ms"] = _length(_merged(e for e in work if e.get("cat") == "gpu_memcpy"
+                                               or _is_communication_kernel(e))) / 1000
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def overlap_by_hta(trace_dir: Path) -> pd.DataFrame:
+    """HolisticTraceAnalysis's share of each rank's communication time that overlapped computation, for the
+    GPU traces in ``trace_dir`` (one per rank, plain or gzipped), over all recorded steps as :func:`per_step`
+    counts them: ``rank`` and ``overlap_percent``. HTA reads time in whole microseconds, so on traces with
+    nanosecond times the two differ by a fraction of a percent."""
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError as error:
+        raise ImportError("HolisticTraceAnalysis is not installed: pip install HolisticTraceAnalysis==0.5.0 "
+                          "(in the course's test extra: pip install -e '.[test]')") from error
+    analysis = TraceAnalysis(trace_dir=str(trace_dir), include_last_profiler_step=True)
+    overlap = analysis.get_comm_comp_overlap(visualize=False)
+    return overlap.rename(columns={"comp_comm_overlap_pctg": "overlap_percent"})[["rank", "overlap_percent"]]

@@ -11,6 +11,7 @@ trace the marks cost nothing.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import shutil
@@ -31,12 +32,15 @@ ITERATION_PREFIX = "ProfilerStep#"  # the profiler's range around each step, "Pr
 
 
 def trace_events(trace_file: Path) -> list[dict]:
-    """The complete events (``"ph": "X"``, with a duration) of a Chrome trace the profiler wrote."""
+    """The complete events (``"ph": "X"``, with a duration) of a Chrome trace the profiler wrote, plain or
+    gzipped (``.pt.trace.json.gz``: what the TensorBoard handler writes with ``use_gzip=True``, and how most
+    traces are shared)."""
     trace_file = Path(trace_file)
     if not trace_file.is_file():
         raise FileNotFoundError(f"no trace at {trace_file}: train with trace=DIR (--trace DIR) first")
-    return [event for event in json.loads(trace_file.read_text())["traceEvents"]
-            if event.get("ph") == "X" and "dur" in event]
+    with (gzip.open if trace_file.suffix == ".gz" else open)(trace_file, "rb") as stream:
+        trace = json.load(stream)
+    return [event for event in trace["traceEvents"] if event.get("ph") == "X" and "dur" in event]
 OPERATORS_FILE = "operators.csv"
 PHASES_FILE = "phases.csv"
 

@@ -2,7 +2,9 @@
 phases within them, one row per host thread and per device stream, read from ``trace.json``.
 
 Perfetto shows every event of the trace, but needs its web page; this draws the part a lesson needs wherever
-the notebook runs. The file is the Chrome trace format that ``torch.profiler`` exports: complete events
+the notebook runs, in seconds also for a real multi-GPU trace of tens of thousands of kernels (each row's
+spans of one colour are drawn by one call). The file is the Chrome trace format that ``torch.profiler`` exports
+(plain or gzipped): complete events
 (``"ph": "X"``) with a start ``ts`` and a duration ``dur`` in microseconds; ``user_annotation`` events are
 the ``record_function`` ranges on a host thread, ``gpu_user_annotation`` the same ranges on a device stream,
 and ``kernel`` the device's kernels.
@@ -70,12 +72,16 @@ def draw(trace_file: Path, title: str = "") -> Figure:
     axis_points = fig.get_figwidth() * 72 * 0.75  # the axes' share of the figure's width, after the row names
     for position, row in enumerate(rows):
         y = len(rows) - 1 - position
-        for span in spans[spans["row"] == row].itertuples():
-            color = PHASE_COLORS.get(span.name, "0.75" if span.kind == "iteration" else "0.35")
-            ax.broken_barh([(span.start_ms, span.end_ms - span.start_ms)], (y - 0.35, 0.7), facecolors=color,
-                           edgecolors="white" if span.kind != "kernel" else "none", linewidth=0.5)
+        on_row = spans[spans["row"] == row]
+        colors = [PHASE_COLORS.get(name, "0.75" if kind == "iteration" else "0.35")
+                  for name, kind in zip(on_row["name"], on_row["kind"])]
+        # One call per colour of a row: a real GPU trace holds tens of thousands of kernels.
+        for (color, is_kernel), group in on_row.groupby([colors, on_row["kind"].eq("kernel")], sort=False):
+            ax.broken_barh(list(zip(group["start_ms"], group["end_ms"] - group["start_ms"])), (y - 0.35, 0.7),
+                           facecolors=color, edgecolors="none" if is_kernel else "white", linewidth=0.5)
+        for span in on_row[on_row["kind"] != "kernel"].itertuples():
             label = f"#{span.name.removeprefix(ITERATION_PREFIX)}" if span.kind == "iteration" else span.name
-            if span.kind != "kernel" and _fits(label, span.end_ms - span.start_ms, axis_ms, axis_points):
+            if _fits(label, span.end_ms - span.start_ms, axis_ms, axis_points):
                 ax.text((span.start_ms + span.end_ms) / 2, y, label, ha="center", va="center",
                         fontsize=LABEL_FONT_POINTS, clip_on=True)
     ax.set_yticks(range(len(rows)), list(reversed(rows)), fontsize=8)

@@ -7,9 +7,16 @@ channel and peer, as NCCL and RCCL do::
     nid005001:81234:81290 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read
     nid005001:81234:81291 [7] NCCL INFO Channel 03/0 : 7[7] -> 8[0] [send] via NET/AWS Libfabric/0/GDRDMA
 
+RCCL adds the communicator (``... via P2P/IPC comm 0x9bbf3b0 nRanks 4096``), NCCL with shared buffers writes
+``.../GDRDMA/Shared``: GPU-direct RDMA is ``GDRDMA`` anywhere in the path. The aws-ofi-nccl/-rccl plugin names
+itself (``NET/OFI Using aws-ofi-rccl 1.4.0``, in later releases ``NET/OFI Initializing aws-ofi-nccl 1.19.0``) and its
+provider (``Selected Provider is cxi (found 4 nics)``, from 2025 ``Selected provider is cxi, fabric is cxi (found 4
+nics)``); it is credited only where NCCL's connections or its ``Using network`` line say NCCL used libfabric.
+
 ``P2P`` is a direct path between two GPUs of a node (NVLink, Infinity Fabric or PCIe), ``SHM`` a copy
 through host memory, ``NET/...`` a network between nodes: ``IB`` (InfiniBand or RoCE), ``AWS
-Libfabric`` or ``OFI`` (the libfabric plugin: Slingshot's cxi on LUMI, EFA on AWS), ``Socket``
+Libfabric`` or ``OFI`` (the libfabric plugin: Slingshot's cxi on LUMI, EFA on AWS), ``IBext_v8`` (HPC-X's
+SHARP plugin: IB too), ``UCX`` (the rdma-sharp plugin's), ``Socket``
 (plain TCP: far slower; on LUMI it means the plugin was not loaded). Without GPUs the ranks use
 gloo, which speaks TCP and prints no such report.
 
@@ -28,10 +35,14 @@ from pathlib import Path
 import pandas as pd
 
 CHANNEL = re.compile(r"NCCL INFO Channel (?P<channel>\d+)(?:/\d+)? : (?P<source>\d+)\[[0-9a-fx]+\] -> "
-                     r"(?P<target>\d+)\[[0-9a-fx]+\](?: \[(?P<direction>send|receive)\])? via (?P<path>.+?)\s*$")
+                     r"(?P<target>\d+)\[[0-9a-fx]+\](?: \[(?P<direction>send|receive)\])? via (?P<path>.+?)"
+                     r"(?: comm 0x[0-9a-f]+ nRanks \d+)?\s*$")  # RCCL names the communicator after the path
 NETWORK = re.compile(r"NCCL INFO Using network (?P<name>.+?)\s*$")
-PROVIDER = re.compile(r"NET/OFI Selected Provider is (?P<name>\S+)")
-PLUGIN = re.compile(r"NET/OFI Using (?P<name>aws-ofi-[a-z]+\S* *[0-9][0-9.]*\S*)")
+# aws-ofi-nccl/-rccl: "Selected Provider is cxi (found 4 nics)" up to 1.13, then
+# "Selected provider is cxi, fabric is cxi (found 4 nics)"
+PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<name>[^,\s]+)(?:, fabric is (?P<fabric>[^\s(]+))?"
+                      r"(?: \(found (?P<nics>\d+) nics\))?")
+PLUGIN = re.compile(r"NET/OFI (?:Using|Initializing) (?P<name>aws-ofi-[a-z]+ *[0-9][0-9.]*\S*)")
 WARNING = re.compile(r"NCCL WARN (?P<text>.+?)\s*$")
 LIBFABRIC = ("AWS Libfabric", "OFI", "Libfabric")
 
@@ -40,18 +51,34 @@ MEANINGS = {
     "SHM": "inside a node: through host memory (no direct path between these GPUs)",
     "NET/IB": "between nodes: InfiniBand or RoCE, RDMA",
     "NET/libfabric": "between nodes: libfabric (Slingshot's cxi on LUMI, EFA on AWS), RDMA",
+    "NET/UCX": "between nodes: UCX (the rdma-sharp plugin), RDMA",
     "NET/Socket": "between nodes: plain TCP sockets, far below the fabric's speed",
     "COLLNET": "in-network reduction (SHARP)",
     "NVLS": "NVLink SHARP inside an NVSwitch node",
 }
 
 
+def _network_kind(name: str) -> str:
+    """A network's name as NCCL prints it -> its kind: ``IBext_v8`` (the HPC-X plugin's IB) and ``IBext`` are IB,
+    ``AWS Libfabric`` and ``OFI`` are libfabric."""
+    if name in LIBFABRIC:
+        return "NET/libfabric"
+    return "NET/IB" if name.startswith("IBext") else f"NET/{name}"
+
+
 def kind(path: str) -> str:
-    """``P2P/IPC/read`` -> ``P2P``; ``NET/AWS Libfabric/0/GDRDMA`` -> ``NET/libfabric``; and so on."""
+    """``P2P/IPC/read`` -> ``P2P``; ``NET/AWS Libfabric/0/GDRDMA`` -> ``NET/libfabric``; ``NET/IBext_v8/2`` ->
+    ``NET/IB``; and so on."""
     parts = path.split("/")
     if parts[0] != "NET" or len(parts) < 2:
         return parts[0]
-    return "NET/libfabric" if parts[1] in LIBFABRIC else f"NET/{parts[1]}"
+    return _network_kind(parts[1])
+
+
+def gpu_direct(path: str) -> bool:
+    """Whether a connection uses GPU-direct RDMA: ``GDRDMA`` anywhere in its path (NCCL writes
+    ``.../GDRDMA/Shared`` with shared buffers)."""
+    return "GDRDMA" in path.split("/")
 
 
 @dataclass(frozen=True)
@@ -63,6 +90,8 @@ class Transport:
     plugin: str | None
     provider: str | None
     warnings: list[str]
+    fabric: str | None = None
+    nics: int | None = None
 
     def table(self) -> pd.DataFrame:
         """One row per kind of connection: how many, with GPU-direct RDMA how many, and what it means."""
@@ -73,51 +102,92 @@ class Transport:
         grouped["meaning"] = grouped["kind"].map(lambda name: MEANINGS.get(name, "see NCCL's documentation"))
         return grouped
 
+    def used_network(self) -> str | None:
+        """The kind of network NCCL used between nodes: the connections' own (the most used), else the one its
+        ``Using network`` line names; None where the report says neither."""
+        between = self.connections.loc[self.connections["kind"].str.startswith("NET/"), "kind"]
+        if not between.empty:
+            return between.value_counts().index[0]
+        return _network_kind(self.network) if self.network else None
+
+    def _plugin_words(self) -> str:
+        if not self.plugin and not self.provider:
+            return "its plugin (which did not name itself here)"
+        details = [f"provider {self.provider}" if self.provider else "",
+                   f"fabric {self.fabric}" if self.fabric and self.fabric != self.provider else "",
+                   f"{self.nics} NICs" if self.nics else ""]
+        details_text = ", ".join(detail for detail in details if detail)
+        return f"{self.plugin or 'the libfabric plugin'}" + (f" ({details_text})" if details_text else "")
+
+    def _network_words(self, used: str) -> str:
+        """The network NCCL used, credited to the plugin only when it is the plugin's libfabric."""
+        if used == "NET/libfabric":
+            return f"libfabric through {self._plugin_words()}"
+        return {"NET/IB": "InfiniBand/RoCE (NCCL's IB verbs)", "NET/Socket": "TCP sockets"}.get(
+            used, used.removeprefix("NET/"))
+
+    def _unused_plugin(self, used: str | None) -> str:
+        if (self.plugin or self.provider) and used != "NET/libfabric":
+            return f"; {self._plugin_words()} was loaded, but NCCL did not use it"
+        return ""
+
     def verdict(self) -> str:
-        """One line: is the fast interconnect used?"""
+        """One sentence: is the fast interconnect used?"""
         table = self.table().set_index("kind")
         count = table["connections"].to_dict()
         warning = f"; first warning: {self.warnings[0]}" if self.warnings else ""
-        network = sum(n for name, n in count.items() if name.startswith("NET/"))
-        if self.network is None and not count:
+        between = {name: n for name, n in count.items() if name.startswith("NET/")}
+        used = self.used_network()
+        inside = f"P2P on {count.get('P2P', 0)}, SHM on {count.get('SHM', 0)}"
+        if used is None and not count and not (self.plugin or self.provider):
             return ("transport: no NCCL/RCCL report (NCCL_DEBUG=INFO unset, or the ranks did not use GPUs: gloo "
                     f"speaks TCP and reports nothing){warning}")
-        if count.get("NET/Socket"):
-            return (f"transport: WARNING: TCP sockets between nodes on {count['NET/Socket']} connection(s): the "
-                    "network plugin was not used, so the fabric carries TCP far below its RDMA speed (on LUMI: "
-                    f"use LUMI's PyTorch container with its bindings){warning}")
-        if network:
-            direct = int(table.loc[[name for name in count if name.startswith("NET/")], "gpu_direct"].sum())
-            plugin = f" ({self.plugin}, provider {self.provider})" if self.plugin else ""
-            return (f"transport: between nodes {self.network}{plugin} on {network} connection(s), {direct} with "
-                    f"GPU-direct RDMA; inside nodes P2P on {count.get('P2P', 0)}, SHM on {count.get('SHM', 0)}"
-                    f"{warning}")
+        if count.get("NET/Socket") or (used == "NET/Socket" and not count):
+            sockets = count.get("NET/Socket", 0)
+            on = f" on {sockets} connection(s)" if sockets else " (NCCL's choice of network)"
+            return (f"transport: WARNING: TCP sockets between nodes{on}: the fabric carries TCP far below its "
+                    "RDMA speed, since no RDMA network was used (on LUMI: use LUMI's PyTorch container with its "
+                    f"bindings){self._unused_plugin(used)}{warning}")
+        if between:
+            direct = int(table.loc[list(between), "gpu_direct"].sum())
+            return (f"transport: between nodes {self._network_words(used)} on {sum(between.values())} "
+                    f"connection(s), {direct} with GPU-direct RDMA; inside nodes {inside}"
+                    f"{self._unused_plugin(used)}{warning}")
         if count:
+            other = f"; for other nodes NCCL had chosen {self._network_words(used)}" if used else ""
             return (f"transport: one node: P2P on {count.get('P2P', 0)} connection(s), SHM on {count.get('SHM', 0)}"
-                    f"; for other nodes NCCL had loaded {self.network}{warning}")
-        return f"transport: NCCL chose {self.network}, but the report shows no connection (a single rank?){warning}"
+                    f"{other}{self._unused_plugin(used)}{warning}")
+        if used:
+            return (f"transport: NCCL chose {self._network_words(used)} between nodes, but the report shows no "
+                    f"connection (a single rank, or NCCL_DEBUG_SUBSYS without INIT){self._unused_plugin(used)}"
+                    f"{warning}")
+        return (f"transport: {self._plugin_words()} started, but the report names neither the network NCCL used "
+                f"nor any connection (NCCL_DEBUG_SUBSYS without INIT and NET?){warning}")
 
 
 def read(lines: Iterable[str]) -> Transport:
     """The transport of a run from its ranks' output lines (all ranks' logs together, in any order)."""
-    rows, network, plugin, provider, warnings = [], None, None, None, []
+    rows, network, plugin, warnings = [], None, None, []
+    provider: re.Match | None = None
     for line in lines:
         if match := CHANNEL.search(line):
             path = match["path"]
             rows.append({"channel": int(match["channel"]), "source": int(match["source"]),
                          "target": int(match["target"]), "direction": match["direction"], "path": path,
-                         "kind": kind(path), "gpu_direct": path.endswith("GDRDMA")})
+                         "kind": kind(path), "gpu_direct": gpu_direct(path)})
         elif match := NETWORK.search(line):
             network = network or match["name"]
         elif match := PROVIDER.search(line):
-            provider = provider or match["name"]
+            provider = provider or match
         elif match := PLUGIN.search(line):
             plugin = plugin or match["name"]
         elif match := WARNING.search(line):
             warnings.append(match["text"])
     connections = pd.DataFrame(rows, columns=["channel", "source", "target", "direction", "path", "kind",
                                               "gpu_direct"]).drop_duplicates()
-    return Transport(connections, network, plugin, provider, warnings)
+    return Transport(connections, network, plugin, provider and provider["name"], warnings,
+                     fabric=provider and provider["fabric"],
+                     nics=int(provider["nics"]) if provider and provider["nics"] else None)
 
 
 def main(argv: list[str] | None = None) -> int:

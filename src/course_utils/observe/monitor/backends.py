@@ -28,7 +28,14 @@ from course_utils.observe.monitor.readings import (
 )
 
 MIB = 2**20
-UNSUPPORTED = 0xFFFFFFFF  # AMD SMI sets unsupported fields to UINT32_MAX
+# AMD SMI marks a field it cannot read with its type's largest value (UINT32_MAX, UINT64_MAX for the 64-bit
+# ones); its Python layer writes some as "N/A", which is no number either
+UNSUPPORTED = (0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
+MICROWATTS_ABOVE = 10_000  # no GPU draws 10 kW: a larger power figure is in microwatts
+# amdsmi_get_power_info's power fields, newest first, as each release documents them: socket_power (ROCm 7.0
+# on, W; in 6.4 only on a VM host, in uW), current_socket_power (6.0 on, MI300 and later), average_socket_power
+# (5.7 on, MI200 and earlier: LUMI's MI250X). A release fills those its GPU supports.
+AMD_POWER_FIELDS = ("socket_power", "current_socket_power", "average_socket_power")
 
 
 class BackendUnavailable(RuntimeError):
@@ -97,7 +104,19 @@ def _text(value: str | bytes) -> str:
 
 
 def _amd_number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and value != UNSUPPORTED else None
+    return float(value) if isinstance(value, (int, float)) and value not in UNSUPPORTED else None
+
+
+def _amd_watts(value) -> float | None:
+    number = _amd_number(value)
+    return number / 1e6 if number is not None and number > MICROWATTS_ABOVE else number
+
+
+def amd_power(power: dict) -> tuple[float | None, float | None]:
+    """The power drawn and the power limit, in watts, from ``amdsmi_get_power_info``'s dict, read from whichever
+    of :data:`AMD_POWER_FIELDS` this release and GPU fill (the limit is in microwatts in some releases)."""
+    drawn = next((watts for field in AMD_POWER_FIELDS if (watts := _amd_watts(power.get(field))) is not None), None)
+    return drawn, _amd_watts(power.get("power_limit"))
 
 
 class AmdSmiBackend(Backend):
@@ -135,18 +154,14 @@ class AmdSmiBackend(Backend):
         for index, handle in enumerate(self.handles):
             activity = self._call(smi.amdsmi_get_gpu_activity, handle)
             vram = self._call(smi.amdsmi_get_gpu_vram_usage, handle)  # MB
-            power = self._call(smi.amdsmi_get_power_info, handle)  # W
-            limit = _amd_number(power.get("power_limit"))
-            if limit is not None and limit > 10_000:  # newer releases report the limit in microwatts
-                limit /= 1e6
-            current = _amd_number(power.get("current_socket_power"))
+            drawn, limit = amd_power(self._call(smi.amdsmi_get_power_info, handle))
             readings.append(Reading(
                 index=index,
                 name=self._call(smi.amdsmi_get_gpu_asic_info, handle).get("market_name", "AMD GPU"),
                 utilization_percent=_amd_number(activity.get("gfx_activity")),
                 memory_used_mib=_amd_number(vram.get("vram_used")),
                 memory_total_mib=_amd_number(vram.get("vram_total")),
-                power_watts=current if current is not None else _amd_number(power.get("average_socket_power")),
+                power_watts=drawn,
                 power_limit_watts=limit,
                 clock_mhz=_amd_number(self._call(smi.amdsmi_get_clock_info, handle, smi.AmdSmiClkType.GFX).get("clk")),
                 pci_address=pci_address(self._bdf(handle)),

@@ -73,18 +73,17 @@ def nvidia_smi_command() -> list[str]:
 
 
 def parse_nvidia_smi(text: str) -> list[Reading]:
-    """Readings from ``nvidia-smi --query-gpu=... --format=csv[,nounits]`` (header required)."""
-    rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
+    """Readings from ``nvidia-smi --query-gpu=... --format=csv[,nounits]`` (header required); without an
+    ``index`` column the GPUs are numbered in the order nvidia-smi lists them, as it numbers them itself."""
+    rows = [row for row in csv.reader(io.StringIO(text.strip()), skipinitialspace=True) if row]
     if not rows:
         return []
     header = [re.sub(r"\s*\[.*\]$", "", column.strip()) for column in rows[0]]
     readings = []
-    for row in rows[1:]:
-        if not row:
-            continue
+    for position, row in enumerate(rows[1:]):
         value = dict(zip(header, (cell.strip() for cell in row)))
         readings.append(Reading(
-            index=int(value["index"]),
+            index=int(value.get("index", position)),
             name=value.get("name", ""),
             utilization_percent=number(value.get("utilization.gpu")),
             memory_used_mib=number(value.get("memory.used")),
