@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 
@@ -30,18 +31,20 @@ def _norm_policy(amp_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=amp_dtype)
 
 
-def shard(model: nn.Module, blocks: list[nn.Module], amp_dtype: torch.dtype | None, offload: bool) -> nn.Module:
-    """Shard ``model`` over the process group: each of ``blocks``, then the root (which keeps what no
-    block holds: the stem and the head). The module is changed in place and returned."""
+def shard(model: nn.Module, blocks: list[nn.Module], amp_dtype: torch.dtype | None, offload: bool,
+          mesh: DeviceMesh | None = None) -> nn.Module:
+    """Shard ``model`` over the process group (or over ``mesh``, the data-parallel dimension of a 2-D mesh):
+    each of ``blocks``, then the root (which keeps what no block holds: the stem and the head). The module is
+    changed in place and returned."""
     offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
     if amp_dtype is not None:
         for norm in model.modules():
             if isinstance(norm, nn.modules.batchnorm._BatchNorm):
-                fully_shard(norm, mp_policy=_norm_policy(amp_dtype), offload_policy=offload_policy)
+                fully_shard(norm, mesh=mesh, mp_policy=_norm_policy(amp_dtype), offload_policy=offload_policy)
     policy = precision_policy(amp_dtype)
     for block in blocks:
-        fully_shard(block, mp_policy=policy, offload_policy=offload_policy)
-    fully_shard(model, mp_policy=policy, offload_policy=offload_policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload_policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload_policy)
     return model
 
 
