@@ -55,7 +55,8 @@ class PatchEmbedding(nn.Module):
         nn.init.trunc_normal_(self.position, std=0.02)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.project(images).flatten(2).transpose(1, 2) + self.position  # (batch, tokens, dim)
+        # (batch, tokens, dim), contiguous: sent whole from one pipeline stage to the next
+        return (self.project(images).flatten(2).transpose(1, 2) + self.position).contiguous()
 
 
 class Attention(nn.Module):
