@@ -156,12 +156,15 @@ def bubble_answer(table: pd.DataFrame) -> str:
         elif row.lowest <= row.formula <= row.highest:
             lines.append(f"- {count} micro-batch(es): the formula's {row.formula:.0%} is inside the measured "
                          f"{row.lowest:.0%}-{row.highest:.0%}: no measurable difference")
-        else:
-            side = "more" if row.lowest > row.formula else "less"
-            lines.append(f"- {count} micro-batch(es): stages waited {side} than the formula's {row.formula:.0%} "
-                         f"(measured {row.lowest:.0%}-{row.highest:.0%}): smaller micro-batches also compute less "
-                         "efficiently, stages are not equal (the embedding and the head), and sending activations "
+        elif row.lowest > row.formula:
+            lines.append(f"- {count} micro-batch(es): stages waited more than the formula's {row.formula:.0%} "
+                         f"(measured {row.lowest:.0%}-{row.highest:.0%}): smaller micro-batches compute less "
+                         "efficiently, the stages are not equal (the embedding, the head), and sending activations "
                          "costs time, none of which the formula counts")
+        else:
+            lines.append(f"- {count} micro-batch(es): stages waited less than the formula's {row.formula:.0%} "
+                         f"(measured {row.lowest:.0%}-{row.highest:.0%}), which equal stages cannot: the stages "
+                         "are not equal, or the busy time was measured while another process slowed it")
     return "\n".join(lines)
 
 
