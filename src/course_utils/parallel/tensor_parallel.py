@@ -30,8 +30,6 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from course_utils.training.vision_transformer import VisionTransformer
-
 TENSOR_PARALLEL_MODES = ("tp", "fsdp-tp")
 MESH_DIMS = ("data", "tensor")
 
@@ -97,8 +95,9 @@ def _summed_over_ranks(gradient: DTensor) -> DTensor:
     return gradient.redistribute(placements=[Replicate()] * gradient.device_mesh.ndim)
 
 
-def misfits(model: VisionTransformer, tp_size: int) -> list[str]:
-    """Why ``model`` cannot be split over ``tp_size`` ranks (sizes that do not divide); empty when it can."""
+def misfits(model: nn.Module, tp_size: int) -> list[str]:
+    """Why the vision transformer ``model`` cannot be split over ``tp_size`` ranks (sizes that do not divide);
+    empty when it can."""
     shape = model.shape
     sizes = {"attention heads": shape.heads, "tokens (image patches)": model.tokens,
              "MLP hidden units": shape.dim * shape.mlp_ratio}
