@@ -76,8 +76,10 @@ def test_the_bubble_answer_reads_the_spread():
 def test_the_modes_answer_calls_overlapping_step_times_no_difference():
     table = pd.DataFrame({"mode": ["ddp", "fsdp", "tp"], "parameters MiB": [4.0, 2.0, 3.0],
                           "gradients MiB": [4.0, 2.0, 3.0], "optimizer_state MiB": [4.0, 2.0, 3.0],
-                          "activations MiB": [10.0, 10.0, 5.0]})
+                          "activations MiB": [10.0, 10.0, 5.0], "collectives MiB/step": [0.5, 1.0, 3.25],
+                          "batch per rank": [8, 8, 16]})
     steps = {"ddp": [0.10, 0.11, 0.12, 0.30], "fsdp": [0.105, 0.115, 0.2], "tp": [0.5, 0.6, 0.7]}
     answer = model_parallel.modes_answer(table, steps)
-    assert "least under fsdp" in answer and "least under tp" in answer
+    assert "least under fsdp" in answer and "most under tp" in answer
+    assert "per image of the rank's batch: ddp 1.25 MiB, fsdp 1.25 MiB, tp 0.31 MiB" in answer
     assert "measurably slower (quartiles apart): tp" in answer and "no measurable difference from fsdp" in answer

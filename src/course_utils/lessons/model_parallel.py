@@ -8,6 +8,7 @@ global batch and reads memory by kind and speed from the runs' summaries.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,16 @@ import pandas as pd
 import torch
 from torch import nn
 
+from course_utils.observe.communication import host_steps
 from course_utils.observe.metrics import read_records
+from course_utils.observe.profiling import TRACE_FILE, trace_events
 from course_utils.parallel.launch import LaunchResult, launch
 from course_utils.run_folder import RunFolder
 from course_utils.training.options import to_flags
 from course_utils.training.vision_transformer import MLP, Block, ViTShape
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # float32 sums in another order (the split adds partial sums)
+ELEMENT_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4}
 
 
 def run_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120) -> LaunchResult:
@@ -114,15 +118,34 @@ def bubble_table(folder: Path, formula: Callable[[int, int], float]) -> pd.DataF
     return pd.DataFrame(rows)
 
 
+def collective_bytes(trace_file: Path) -> list[int]:
+    """Bytes handed to gloo's collectives in each traced step of a CPU run (each ``gloo:`` range's input
+    tensor: its dimensions times its element's size, as the profiler recorded them)."""
+    events = trace_events(trace_file)
+    collectives = [e for e in events if e["name"].startswith("gloo:") and e.get("args", {}).get("Input Dims")]
+    totals = []
+    for step in host_steps(events):
+        start, end = step["ts"], step["ts"] + step["dur"]
+        total = 0
+        for event in collectives:
+            if start <= event["ts"] < end:
+                dims, kind = event["args"]["Input Dims"][0], event["args"]["Input type"][0]
+                total += math.prod(dims) * ELEMENT_BYTES.get(kind, 4)
+        totals.append(total)
+    return totals
+
+
 def compare_modes(runs: dict[str, int], out: Path, **options: Any) -> pd.DataFrame:
     """The training command in each ``--distributed`` mode of ``runs`` (mode -> ranks) at the same global
-    batch (``options['batch_size']`` images in all): per rank, memory by kind and the step's speed."""
+    batch (``options['batch_size']`` images in all), rank 0 traced: per rank, memory by kind, the bytes its
+    collectives moved per step, and the step's speed."""
     rows = []
     for mode, ranks in runs.items():
         data_ranks = ranks // 2 if mode == "fsdp-tp" else 1 if mode == "tp" else ranks
         per_rank = {**options, "batch_size": options["batch_size"] // data_ranks}
-        result = launch(ranks, "course_utils.train", *to_flags(distributed=mode, out=str(Path(out) / mode),
-                                                               **per_rank),
+        folder = Path(out) / mode
+        result = launch(ranks, "course_utils.train", *to_flags(distributed=mode, out=str(folder),
+                                                               trace=str(folder / "trace"), **per_rank),
                         log_dir=Path(out) / f"{mode}-logs", echo=False, timeout_seconds=300)
         if not result.ok:
             raise RuntimeError(f"--distributed {mode} on {ranks} ranks failed:\n" + "\n".join(result.lines[-20:]))
@@ -132,6 +155,8 @@ def compare_modes(runs: dict[str, int], out: Path, **options: Any) -> pd.DataFra
                      "global batch": summary["global_batch_size"],
                      **{f"{kind} MiB": (memory[kind] or 0) / 2**20 for kind in
                         ("parameters", "gradients", "optimizer_state", "activations")},
+                     "collectives MiB/step": pd.Series(collective_bytes(folder / "trace" / TRACE_FILE)).median()
+                     / 2**20,
                      "images/s": summary["images_per_second"],
                      "step s (median)": max(r["steady_iteration_seconds"] or 0 for r in summary["per_rank"]),
                      "final loss": summary["final_train_loss"]})
@@ -187,12 +212,19 @@ def modes_answer(table: pd.DataFrame, steps: dict[str, list[float]]) -> str:
              f"{state.idxmin()}. FSDP shards all of it; tensor parallelism splits only the blocks' layers (the "
              "embedding, the head and the norms stay whole on every rank). When the model's state does not fit, "
              "shard it (FSDP), and add tensor parallelism when even the shards and one layer's work do not.",
-             f"- **Activations** per rank: {listed(activations)}; least under {activations.idxmin()}. FSDP keeps "
+             f"- **Activations** per rank: {listed(activations)}; per image of the rank's batch: "
+             f"{listed(activations / by_mode['batch per rank'])}. FSDP keeps "
              "every activation of its own images (each rank runs them through the whole model); tensor "
              "parallelism keeps 1/N of the heads and hidden units of the same images, and, with sequence "
              "parallelism, 1/N of the tokens between the layers. When the activations of the smallest batch that "
              "keeps a GPU busy do not fit, or the global batch is too small to give every GPU its own images, "
              "tensor parallelism is the tool."]
+    if "collectives MiB/step" in by_mode:
+        talk = by_mode["collectives MiB/step"]
+        lines.append(f"- **Communication** per step (rank 0, from its trace): {listed(talk)}; most under "
+                     f"{talk.idxmax()}. Data parallelism moves gradients, once per step whatever the batch; "
+                     "tensor parallelism moves activations in every block, forward and backward, in proportion "
+                     "to the images and tokens: it belongs where bandwidth is highest, inside a node.")
     quartiles = {mode: _quartiles(values) for mode, values in steps.items() if values}
     fastest = min(quartiles, key=lambda mode: quartiles[mode][1])
     slower = [mode for mode in quartiles if quartiles[mode][0] > quartiles[fastest][2]]
@@ -200,9 +232,7 @@ def modes_answer(table: pd.DataFrame, steps: dict[str, list[float]]) -> str:
     speed = f"- **Speed**: the fastest median step was {fastest}'s ({quartiles[fastest][1]:.3f} s)"
     speed += f"; measurably slower (quartiles apart): {', '.join(slower)}" if slower else ""
     speed += f"; no measurable difference from {', '.join(alike)}" if alike else ""
-    lines.append(speed + ". Tensor parallelism communicates activations in every layer (an all-gather and a "
-                 "reduce-scatter per attention and per MLP, forward and backward), data parallelism gradients "
-                 "once per step: TP belongs inside a node (NVLink, Infinity Fabric), FSDP or DDP across nodes.")
+    lines.append(speed + " (CPU processes on a shared machine: not GPU speed).")
     return "\n".join(lines)
 
 
