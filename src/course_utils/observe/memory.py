@@ -74,7 +74,7 @@ class SavedActivations:
 
     def _keep(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, nn.Parameter) and not isinstance(tensor._base, nn.Parameter):  # a weight's .t()
-            storage = tensor.untyped_storage()
+            storage = local_tensor(tensor).untyped_storage()  # tensor parallelism saves DTensors
             self._forwards[-1][storage.data_ptr()] = storage.nbytes()
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:

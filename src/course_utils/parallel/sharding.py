@@ -43,11 +43,12 @@ def ranks_mesh(device: torch.device) -> DeviceMesh:
 
 
 def shard(model: nn.Module, blocks: list[nn.Module], amp_dtype: torch.dtype | None, offload: bool,
-          device: torch.device) -> nn.Module:
-    """Shard ``model`` over the process group's ranks on ``device``: each of ``blocks``, then the root (which
-    keeps what no block holds: the stem and the head). The module is changed in place and returned."""
+          device: torch.device, mesh: DeviceMesh | None = None) -> nn.Module:
+    """Shard ``model`` over the process group's ranks on ``device`` (or over ``mesh``, the data-parallel
+    dimension of a 2-D mesh): each of ``blocks``, then the root (which keeps what no block holds: the stem and
+    the head). The module is changed in place and returned."""
     offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
-    mesh = ranks_mesh(device)
+    mesh = ranks_mesh(device) if mesh is None else mesh
     if amp_dtype is not None:
         for norm in model.modules():
             if isinstance(norm, nn.modules.batchnorm._BatchNorm):

@@ -1,5 +1,6 @@
 """How one model is spread over devices: not at all, DataParallel, DistributedDataParallel or FSDP
-(notebooks 06-09; every run picks one with ``--distributed``).
+(notebooks 06-09; every run picks one with ``--distributed``; tensor parallelism, notebook 11, is in
+:mod:`course_utils.parallel.tensor_parallel`).
 
 DataParallel (``dp``) is one process that copies the model to every visible GPU in each forward
 pass, splits the batch, and gathers outputs and gradients on GPU 0. DistributedDataParallel
@@ -19,8 +20,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-PARALLEL_MODES = ("none", "dp", "ddp", "fsdp")
-ONE_PROCESS_PER_DEVICE = ("ddp", "fsdp")  # the modes that run under torchrun or srun
+from course_utils.parallel.tensor_parallel import TENSOR_PARALLEL_MODES
+
+PARALLEL_MODES = ("none", "dp", "ddp", "fsdp", *TENSOR_PARALLEL_MODES)
+ONE_PROCESS_PER_DEVICE = ("ddp", "fsdp", *TENSOR_PARALLEL_MODES)  # the modes that run under torchrun or srun
+SHARDED_MODES = ("fsdp", *TENSOR_PARALLEL_MODES)  # each rank holds part of the model: sharded checkpoints
 DATAPARALLEL_PHASES = ("scatter", "replicate", "parallel_apply", "gather")  # each forward pass, in this order
 # Their backward halves, as PyTorch's autograd engine names them in a trace.
 DATAPARALLEL_BACKWARD = {"BroadcastBackward": "reduce_gradients", "GatherBackward": "scatter_gradients"}

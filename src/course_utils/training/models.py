@@ -1,11 +1,12 @@
-"""The models of the course, all made by :func:`build` (notebook 00, and every run of notebooks 01-08).
+"""The models of the course, all made by :func:`build` (notebook 00, and every run of notebooks 01-11).
 
 ResNets come from torchvision's own builders. At ``image_size=32`` their 7x7 stride-2 stem and
 max-pool would shrink a CIFAR image to 8x8 before the first block, so the stem becomes a 3x3
 stride-1 convolution without max-pool, the usual CIFAR adaptation. At ``image_size=224`` they are
 torchvision's standard networks, which is the LUMI workshop's set-up. ``small_cnn`` trains in
 seconds on a CPU for CI; ``small_cnn_gn`` replaces BatchNorm by GroupNorm so that per-sample
-results do not depend on the batch, which exact distributed comparisons need.
+results do not depend on the batch, which exact distributed comparisons need. The vision transformers
+(``vit_*``, :mod:`course_utils.training.vision_transformer`) are what tensor parallelism splits.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 from torchvision import models as tv_models
 
 from course_utils.training.detection_models import DETECTOR_NAMES, build_detector
+from course_utils.training.vision_transformer import VIT_SHAPES, Block, build_vit
 
 RESNETS: dict[str, Callable[..., tv_models.ResNet]] = {
     "resnet18": tv_models.resnet18,
@@ -24,7 +26,9 @@ RESNETS: dict[str, Callable[..., tv_models.ResNet]] = {
     "resnet152": tv_models.resnet152,
 }
 SMALL_MODELS = ("small_cnn", "small_cnn_gn")
-CLASSIFIER_NAMES = tuple(RESNETS) + SMALL_MODELS
+CNN_NAMES = tuple(RESNETS) + SMALL_MODELS
+VIT_NAMES = tuple(VIT_SHAPES)
+CLASSIFIER_NAMES = CNN_NAMES + VIT_NAMES
 MODEL_NAMES = CLASSIFIER_NAMES + DETECTOR_NAMES  # detectors train on COCO-format data (notebook 10)
 
 
@@ -71,15 +75,19 @@ def build(name: str, num_classes: int = 100, image_size: int = 32) -> nn.Module:
         return _cifar_stem(model) if image_size < 64 else model
     if name in SMALL_MODELS:
         return small_cnn(num_classes, group_norm=name == "small_cnn_gn")
+    if name in VIT_NAMES:
+        return build_vit(name, num_classes, image_size)
     if name in DETECTOR_NAMES:
         return build_detector(name, num_classes)
     raise UnknownModelError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated units of ``model``: a ResNet's residual blocks, the small CNNs' convolution blocks.
-    FSDP shards each on its own, and activation checkpointing recomputes each (notebook 09)."""
-    residual = [m for m in model.modules() if isinstance(m, (tv_models.resnet.BasicBlock, tv_models.resnet.Bottleneck))]
+    """The repeated units of ``model``: a ResNet's residual blocks, a vision transformer's blocks, the small
+    CNNs' convolution blocks. FSDP shards each on its own, and activation checkpointing recomputes each
+    (notebook 09)."""
+    residual = [m for m in model.modules()
+                if isinstance(m, (tv_models.resnet.BasicBlock, tv_models.resnet.Bottleneck, Block))]
     return residual or [m for m in model.children() if isinstance(m, nn.Sequential)]
 
 
@@ -93,7 +101,7 @@ def has_batch_norm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-def parameter_table(names: tuple[str, ...] = CLASSIFIER_NAMES, image_size: int = 32) -> list[dict]:
+def parameter_table(names: tuple[str, ...] = CNN_NAMES, image_size: int = 32) -> list[dict]:
     """Parameter counts of the course's models, for the notebooks' model-size questions."""
     with torch.device("meta"):  # no memory and no initialisation cost: only the shapes count
         return [

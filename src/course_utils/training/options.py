@@ -22,9 +22,10 @@ from course_utils import config
 from course_utils.data.datasets import DATA_SOURCES
 from course_utils.data.loaders import LOADERS
 from course_utils.observe.monitor import BACKEND_NAMES
+from course_utils.parallel.tensor_parallel import TENSOR_PARALLEL_MODES
 from course_utils.parallel.wrappers import PARALLEL_MODES
 from course_utils.training.detection_models import DETECTOR_NAMES
-from course_utils.training.models import MODEL_NAMES
+from course_utils.training.models import MODEL_NAMES, VIT_NAMES
 
 AMP_DTYPES: dict[str, torch.dtype | None] = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -100,7 +101,12 @@ class TrainOptions:
     distributed: str = option("none", "none: one device; dp: nn.DataParallel over the visible GPUs in this "
                               "process; ddp: DistributedDataParallel, one process per device (start it with "
                               "torchrun or srun; alone it makes a group of one); fsdp: FSDP2, one process per "
-                              "device, each holding a shard of the model (2+ processes)", choices=PARALLEL_MODES)
+                              "device, each holding a shard of the model (2+ processes); tp: tensor parallel, "
+                              "each layer of a vision transformer split over all processes; fsdp-tp: FSDP over "
+                              "groups of --tp-size processes that split each layer (a 2-D mesh)",
+                              choices=PARALLEL_MODES)
+    tp_size: int | None = option(None, "tensor parallel: processes that split each layer (default: all of them "
+                                 "with tp, 2 with fsdp-tp)", metavar="N", at_least=2)
     activation_checkpointing: bool = option(False, "keep only each block's input for the backward pass and "
                                             "recompute the block there: less memory, more compute")
     offload: bool = option(False, "FSDP on GPUs: keep the parameter shards and optimizer state in host memory")
@@ -190,10 +196,14 @@ class TrainOptions:
             return [f"--data coco trains a detector: choose --model from {', '.join(DETECTOR_NAMES)}"]
         if not self.detection and self.model in DETECTOR_NAMES:
             return [f"--model {self.model} is a detector: train it on --data coco"]
+        if self.distributed in TENSOR_PARALLEL_MODES and self.model not in VIT_NAMES:
+            return [f"--distributed {self.distributed} splits a vision transformer's attention and MLP layers; "
+                    f"--model {self.model} has none: choose --model from {', '.join(VIT_NAMES)}, or use "
+                    "--distributed ddp or fsdp"]
         if not self.detection:
             return []
         unsupported = {"loader": self.loader != "torch", "channels_last": self.channels_last,
-                       "distributed": self.distributed in ("dp", "fsdp")}
+                       "distributed": self.distributed not in ("none", "ddp")}
         return [f"--{name.replace('_', '-')} {getattr(self, name)} is not supported with --data coco "
                 f"(detection uses the torch loader, NCHW images, and one device or DDP)"
                 for name, wrong in unsupported.items() if wrong]

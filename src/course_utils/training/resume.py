@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from course_utils.parallel import tensor_parallel
 from course_utils.parallel.collectives import any_rank, gather, mean_over_ranks
 from course_utils.parallel.sharding import local_tensor
+from course_utils.parallel.wrappers import SHARDED_MODES
 from course_utils.run_folder import LAST_CHECKPOINT, RunFolder
 from course_utils.training import checkpoint, sharded_checkpoint
 from course_utils.training.setup import Setup
@@ -93,11 +95,15 @@ def find(resume: str, checkpoint_dir: Path) -> tuple[Path, dict[str, Any], list[
 
 
 def _global_batch(config: dict[str, Any], world_size: int) -> int:
-    return config["batch_size"] * config["grad_accum"] * world_size
+    """Images per optimizer step over all ranks; the ranks of a tensor-parallel group read the same ones."""
+    tp = tensor_parallel.degree(config["distributed"], config.get("tp_size"), world_size)
+    return config["batch_size"] * config["grad_accum"] * world_size // tp
 
 
 def _global_batch_text(config: dict[str, Any], world_size: int) -> str:
-    return (f"{world_size} rank(s) x {config['batch_size']} images x {config['grad_accum']} micro-batch(es) = "
+    tp = tensor_parallel.degree(config["distributed"], config.get("tp_size"), world_size)
+    groups = f"{world_size} rank(s) in groups of {tp}" if tp > 1 else f"{world_size} rank(s)"
+    return (f"{groups} x {config['batch_size']} images x {config['grad_accum']} micro-batch(es) = "
             f"{_global_batch(config, world_size)}")
 
 
@@ -116,7 +122,7 @@ def check_same_training(saved: dict[str, Any], current: dict[str, Any], world_si
 
 def check_same_layout(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
     """Refuse a whole-model checkpoint in an FSDP run, and a sharded one in any other."""
-    sharded, wanted = Path(path).is_dir(), current["distributed"] == "fsdp"
+    sharded, wanted = Path(path).is_dir(), current["distributed"] in SHARDED_MODES
     if sharded == wanted:
         return
     kinds = {True: "a folder of shards", False: "one file with the whole model"}
@@ -222,7 +228,7 @@ class RunState:
                  "epoch": position.epoch, "epoch_step": position.epoch_step, "step": position.step,
                  "epoch_loss_sum": position.epoch_loss_sum.item(), "world_size": setup.where.world_size,
                  "config": asdict(setup.cfg), "ranks": ranks}
-        if setup.cfg.distributed == "fsdp":  # every rank writes its shards
+        if setup.cfg.distributed in SHARDED_MODES:  # every rank writes its shards
             sharded_checkpoint.save_keeping(setup.model, setup.optimizer, extra, self.folder.checkpoints,
                                             position.step, keep, setup.where.is_main)
         elif setup.where.is_main:

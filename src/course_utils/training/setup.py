@@ -1,5 +1,5 @@
 """The set-up of a run, built once from its options: process group, device, data, model, optimizer
-(notebooks 01-09). The step is in :mod:`course_utils.training.step`, the loop over epochs in
+(notebooks 01-11). The step is in :mod:`course_utils.training.step`, the loop over epochs in
 :mod:`course_utils.training.loop`.
 """
 
@@ -17,8 +17,8 @@ from torch import nn
 from course_utils import config, devices
 from course_utils.data.datasets import DataSpec, class_count
 from course_utils.data.loaders import Loaders, make_loaders
-from course_utils.parallel import process_group, sharding
-from course_utils.parallel.wrappers import ONE_PROCESS_PER_DEVICE, DDPOptions, wrap
+from course_utils.parallel import process_group, sharding, tensor_parallel
+from course_utils.parallel.wrappers import ONE_PROCESS_PER_DEVICE, SHARDED_MODES, DDPOptions, wrap
 from course_utils.training import models
 from course_utils.training.activation_checkpointing import checkpoint_blocks
 from course_utils.training.options import AMP_DTYPES, TrainOptions
@@ -67,6 +67,7 @@ def check_parallel_options(cfg: TrainOptions, world_size: int, device: torch.dev
     if cfg.distributed == "fsdp" and world_size < 2:
         raise ValueError("--distributed fsdp shards the model over 2 or more ranks and this process is alone: start "
                          "it with torchrun --nproc-per-node 2 (or srun with 2+ tasks), or use --distributed none")
+    _check_tensor_parallel(cfg, world_size)
     if cfg.offload and cfg.distributed != "fsdp":
         raise ValueError("--offload keeps FSDP's shards and optimizer state in host memory: use it with "
                          "--distributed fsdp")
@@ -76,18 +77,37 @@ def check_parallel_options(cfg: TrainOptions, world_size: int, device: torch.dev
     if cfg.offload and cfg.compile:
         raise ValueError("--offload with --compile: torch.compile cannot trace FSDP's copies between host and GPU; "
                          "drop one of them")
-    if cfg.distributed == "fsdp" and cfg.channels_last:
+    if cfg.distributed in ("fsdp", "fsdp-tp") and cfg.channels_last:
         raise ValueError("--channels-last with --distributed fsdp: FSDP keeps each parameter as one contiguous "
                          "tensor to shard it, and channels_last stores convolution weights in another order; drop "
                          "--channels-last, or use --distributed ddp")
-    if cfg.distributed == "fsdp" and cfg.fused_optimizer:
-        raise ValueError("--fused-optimizer with --distributed fsdp: PyTorch's fused SGD kernel does not take "
-                         "FSDP's sharded parameters (DTensors); drop --fused-optimizer")
+    if cfg.distributed in SHARDED_MODES and cfg.fused_optimizer:
+        raise ValueError(f"--fused-optimizer with --distributed {cfg.distributed}: PyTorch's fused SGD kernel does "
+                         "not take sharded parameters (DTensors); drop --fused-optimizer")
     if cfg.distributed == "dp" and cfg.activation_checkpointing:
         raise ValueError("--activation-checkpointing with --distributed dp: DataParallel copies every block to "
                          "each GPU, and the copies would recompute with GPU 0's weights; use --distributed ddp")
     if cfg.sync_bn and device.type != "cuda":
         raise ValueError("--sync-bn needs GPUs: SyncBatchNorm runs on CUDA/ROCm devices only; leave it off on CPU")
+
+
+def _check_tensor_parallel(cfg: TrainOptions, world_size: int) -> None:
+    """Refuse a tensor-parallel layout the ranks at hand cannot form."""
+    if cfg.tp_size is not None and cfg.distributed not in tensor_parallel.TENSOR_PARALLEL_MODES:
+        raise ValueError(f"--tp-size splits each layer over ranks; --distributed is {cfg.distributed}: drop "
+                         "--tp-size, or use --distributed tp or fsdp-tp")
+    if cfg.distributed not in tensor_parallel.TENSOR_PARALLEL_MODES:
+        return
+    tp = tensor_parallel.degree(cfg.distributed, cfg.tp_size, world_size)
+    rows = 2 if cfg.distributed == "fsdp-tp" else 1
+    if tp < 2 or world_size % tp or world_size // tp < rows:
+        need = f"{rows} x {max(tp, 2)} = {rows * max(tp, 2)} ranks" if rows > 1 else "2 or more ranks"
+        raise ValueError(f"--distributed {cfg.distributed} with {world_size} rank(s) and --tp-size {cfg.tp_size}: "
+                         f"it needs {need}, a whole number of groups of --tp-size; start it with torchrun "
+                         "--nproc-per-node N to fit, or use --distributed none")
+    if cfg.activation_checkpointing or cfg.compile:
+        raise ValueError(f"--distributed {cfg.distributed} is tested without --activation-checkpointing and "
+                         "--compile in this course; drop them, or use --distributed fsdp")
 
 
 def seed_everything(seed: int) -> None:
@@ -116,6 +136,7 @@ class Setup:
     criterion: nn.Module
     scaler: torch.amp.GradScaler
     autocast_dtype: torch.dtype | None  # None: no autocast, full fp32
+    tensor_parallel: int = 1  # ranks that split each layer and read the same images (1: none)
 
     def __enter__(self) -> Setup:
         return self
@@ -138,6 +159,11 @@ class Setup:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     @property
+    def data_ranks(self) -> int:
+        """Ranks that each train on their own share of the batch (tensor-parallel ranks share theirs)."""
+        return self.where.world_size // self.tensor_parallel
+
+    @property
     def images_per_step(self) -> int:
         """Images one optimizer step of this process consumes."""
         return self.cfg.batch_size * self.cfg.grad_accum
@@ -154,7 +180,8 @@ def prepare(options: TrainOptions) -> Setup:
         raise
 
 
-def _loaders(cfg: TrainOptions, where: process_group.Placement, device: torch.device) -> Loaders:
+def _loaders(cfg: TrainOptions, where: process_group.Placement, device: torch.device, tp: int) -> Loaders:
+    """The run's data; the ``tp`` ranks of a tensor-parallel group read the same share of it."""
     size = config.get_size(cfg.size)
     spec = DataSpec(source=cfg.data, root=Path(cfg.data_dir) if cfg.data_dir else None,
                     image_size=cfg.image_size, augment=cfg.augment, train_samples=cfg.train_samples,
@@ -163,7 +190,8 @@ def _loaders(cfg: TrainOptions, where: process_group.Placement, device: torch.de
     pin_memory = device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory
     return make_loaders(cfg.loader, spec, cfg.batch_size, device, workers=cfg.workers, pin_memory=pin_memory,
                         persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor,
-                        delay_seconds=cfg.input_delay_ms / 1000, shard_id=where.rank, num_shards=where.world_size)
+                        delay_seconds=cfg.input_delay_ms / 1000, shard_id=where.rank // tp,
+                        num_shards=where.world_size // tp)
 
 
 def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
@@ -175,24 +203,36 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
         # Let cuDNN (MIOpen on ROCm) search for the fastest kernels, costly in the first iterations; not for a
         # detector, whose every new image size would be searched again.
         torch.backends.cudnn.benchmark = not cfg.detection
-    loaders = _loaders(cfg, where, device)
+    tp = tensor_parallel.degree(cfg.distributed, cfg.tp_size, where.world_size)
     classes = class_count(cfg.data, cfg.data_dir)
     model = models.build(cfg.model, num_classes=classes, image_size=cfg.image_size).to(device)
+    wrong = tensor_parallel.misfits(model, tp) if tp > 1 else []
+    if wrong:
+        raise ValueError("; ".join(wrong))
+    loaders = _loaders(cfg, where, device, tp)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     recomputed = checkpoint_blocks(models.blocks(model)) if cfg.activation_checkpointing else []
-    wrapped = _spread(model, cfg, device)
+    wrapped = _spread(model, cfg, device, tp)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay, fused=cfg.fused_optimizer or None)
     step_model = torch.compile(wrapped, mode=cfg.compile) if cfg.compile else wrapped
     # fp16 has a narrow range: small gradients underflow to zero unless the loss is scaled up first.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
     return Setup(cfg, where, device, loaders, model, wrapped, step_model, recomputed, optimizer,
-                 nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp])
+                 nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp], tp)
 
 
-def _spread(model: nn.Module, cfg: TrainOptions, device: torch.device) -> nn.Module:
-    """The model as ``--distributed`` spreads it: sharded in place by FSDP, or wrapped (or not)."""
+def _spread(model: nn.Module, cfg: TrainOptions, device: torch.device, tp: int) -> nn.Module:
+    """The model as ``--distributed`` spreads it: split in place by tensor parallelism and sharded by FSDP
+    (over the whole group, or over the data dimension of a 2-D mesh), or wrapped (or not)."""
+    if cfg.distributed in tensor_parallel.TENSOR_PARALLEL_MODES:
+        grid = tensor_parallel.mesh(tp, device.type)
+        tensor_parallel.parallelize(model, models.blocks(model), grid["tensor"])
+        if cfg.distributed == "tp":
+            return model
+        return sharding.shard(model, models.blocks(model), AMP_DTYPES[cfg.amp], cfg.offload, device,
+                              mesh=grid["data"])
     if cfg.distributed == "fsdp":
         return sharding.shard(model, models.blocks(model), AMP_DTYPES[cfg.amp], cfg.offload, device)
     return wrap(model, cfg.distributed, device, DDPOptions(**{knob: getattr(cfg, knob) for knob in DDP_KNOBS}))

@@ -1,0 +1,249 @@
+"""Notebook 11: the checks of the learner's split layers, the pipeline's bubble, and the parallel modes compared.
+
+The notebook's scripts (written from its cells and started with torchrun) save what each rank computed;
+the checks here rebuild the unsplit layer from the same weights and input and compare outputs and
+gradients. The mode comparison runs the training command in each ``--distributed`` mode at the same
+global batch and reads memory by kind and speed from the runs' summaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from course_utils.observe.communication import host_steps
+from course_utils.observe.metrics import read_records
+from course_utils.observe.profiling import TRACE_FILE, trace_events
+from course_utils.parallel.launch import LaunchResult, launch
+from course_utils.run_folder import RunFolder
+from course_utils.training.options import to_flags
+from course_utils.training.vision_transformer import MLP, Block, ViTShape
+
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # float32 sums in another order (the split adds partial sums)
+ELEMENT_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4}
+
+
+def run_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120) -> LaunchResult:
+    """``torchrun --nproc-per-node ranks script args`` from a notebook, ended after ``timeout_seconds``; every
+    rank's output is shown, and the tail of each rank's log on failure."""
+    script = Path(script).resolve()
+    result = launch(ranks, script.stem, *args, log_dir=script.parent / f"{script.stem}-logs",
+                    timeout_seconds=timeout_seconds, env={"PYTHONPATH": str(script.parent)})
+    if not result.ok:
+        raise RuntimeError(f"{script.name} failed on {ranks} ranks (exit code {result.returncode}); see the "
+                           "ranks' output above")
+    return result
+
+
+def _rank_files(folder: Path) -> list[dict[str, Any]]:
+    files = sorted(Path(folder).glob("rank*.pt"), key=lambda path: int(path.stem.removeprefix("rank")))
+    if not files:
+        raise FileNotFoundError(f"no rank*.pt in {folder}: run the script's cell first")
+    return [torch.load(path, weights_only=True) for path in files]
+
+
+def _whole_gradients(module: nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The unsplit module's output, input gradient and weight gradients for the loss the scripts use."""
+    tokens = tokens.clone().requires_grad_()
+    out = module(tokens)
+    out.square().mean().backward()
+    return out.detach(), tokens.grad, {name: p.grad for name, p in module.named_parameters()}
+
+
+def _compare(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> pd.DataFrame:
+    rows = []
+    for name, (split, whole) in pairs.items():
+        difference = (split - whole).abs().max().item() if split.shape == whole.shape else float("inf")
+        rows.append({"tensor": name, "shape": tuple(whole.shape), "largest difference": difference,
+                     "same": split.shape == whole.shape and torch.allclose(split, whole, **TOLERANCE)})
+    return pd.DataFrame(rows)
+
+
+def check_mlp_split(folder: Path) -> pd.DataFrame:
+    """The hand-split MLP against the whole one: output and input gradient of every rank, and each weight's
+    gradient put together from the ranks' pieces (``up`` column-wise: rows of its weight; ``down`` row-wise:
+    columns of its weight)."""
+    ranks = _rank_files(folder)
+    first = ranks[0]
+    whole = MLP(first["up.weight"].shape[1], first["up.weight"].shape[0])
+    whole.load_state_dict({name: first[name] for name in whole.state_dict()})
+    out, tokens_grad, grads = _whole_gradients(whole, first["tokens"])
+    pairs = {f"rank {r} output": (rank["out"], out) for r, rank in enumerate(ranks)}
+    pairs |= {f"rank {r} input gradient": (rank["tokens_grad"], tokens_grad) for r, rank in enumerate(ranks)}
+    pairs["up.weight gradient"] = (torch.cat([rank["up_weight_grad"] for rank in ranks], dim=0), grads["up.weight"])
+    pairs["up.bias gradient"] = (torch.cat([rank["up_bias_grad"] for rank in ranks]), grads["up.bias"])
+    pairs["down.weight gradient"] = (torch.cat([rank["down_weight_grad"] for rank in ranks], dim=1),
+                                     grads["down.weight"])
+    pairs["down.bias gradient"] = (first["down_bias_grad"], grads["down.bias"])
+    return _compare(pairs)
+
+
+def check_block_split(folder: Path, heads: int) -> pd.DataFrame:
+    """The DTensor-split transformer block against the whole one: each rank's share of the tokens (sequence
+    parallel) put together again, and every weight's whole gradient (``full_tensor()`` on each rank)."""
+    ranks = _rank_files(folder)
+    first = ranks[0]
+    dim = first["state"]["attention.query.weight"].shape[0]
+    whole = Block(ViTShape(dim=dim, depth=1, heads=heads))
+    whole.load_state_dict(first["state"])
+    out, tokens_grad, grads = _whole_gradients(whole, first["tokens"])
+    pairs = {"output": (torch.cat([rank["out"] for rank in ranks], dim=1), out),
+             "input gradient": (torch.cat([rank["tokens_grad"] for rank in ranks], dim=1), tokens_grad)}
+    pairs |= {f"{name} gradient": (first["grads"][name], grad) for name, grad in grads.items()}
+    return _compare(pairs)
+
+
+def gpipe_bubble(stages: int, microbatches: int) -> float:
+    """The share of a GPipe step each stage waits, with equal stages and free communication: a step lasts
+    microbatches + stages - 1 micro-batch slots, of which each stage works microbatches."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def bubble_table(folder: Path, formula: Callable[[int, int], float]) -> pd.DataFrame:
+    """Each micro-batch count's measured bubble (the share of the step a stage did not compute: 1 - its busy
+    time / the step's time, over the repeats) beside ``formula(stages, microbatches)``, the learner's."""
+    ranks = _rank_files(folder)
+    stages = len(ranks)
+    rows = []
+    for microbatches in sorted(ranks[0]["steps"]):
+        idle = [1 - rank["busy"] / step for rank in ranks for step in rank["steps"][microbatches]]
+        rows.append({"micro-batches": microbatches, "measured bubble": sum(idle) / len(idle),
+                     "lowest": min(idle), "highest": max(idle), "formula": formula(stages, microbatches)})
+    return pd.DataFrame(rows)
+
+
+def collective_bytes(trace_file: Path) -> list[int]:
+    """Bytes handed to gloo's collectives in each traced step of a CPU run (each ``gloo:`` range's input
+    tensor: its dimensions times its element's size, as the profiler recorded them)."""
+    events = trace_events(trace_file)
+    collectives = [e for e in events if e["name"].startswith("gloo:") and e.get("args", {}).get("Input Dims")]
+    totals = []
+    for step in host_steps(events):
+        start, end = step["ts"], step["ts"] + step["dur"]
+        total = 0
+        for event in collectives:
+            if start <= event["ts"] < end:
+                dims, kind = event["args"]["Input Dims"][0], event["args"]["Input type"][0]
+                total += math.prod(dims) * ELEMENT_BYTES.get(kind, 4)
+        totals.append(total)
+    return totals
+
+
+def compare_modes(runs: dict[str, int], out: Path, **options: Any) -> pd.DataFrame:
+    """The training command in each ``--distributed`` mode of ``runs`` (mode -> ranks) at the same global
+    batch (``options['batch_size']`` images in all), rank 0 traced: per rank, memory by kind, the bytes its
+    collectives moved per step, and the step's speed."""
+    rows = []
+    for mode, ranks in runs.items():
+        data_ranks = ranks // 2 if mode == "fsdp-tp" else 1 if mode == "tp" else ranks
+        per_rank = {**options, "batch_size": options["batch_size"] // data_ranks}
+        folder = Path(out) / mode
+        result = launch(ranks, "course_utils.train", *to_flags(distributed=mode, out=str(folder),
+                                                               trace=str(folder / "trace"), **per_rank),
+                        log_dir=Path(out) / f"{mode}-logs", echo=False, timeout_seconds=300)
+        if not result.ok:
+            raise RuntimeError(f"--distributed {mode} on {ranks} ranks failed:\n" + "\n".join(result.lines[-20:]))
+        summary = result.summary
+        memory = summary["per_rank"][0]["step_memory_bytes"]
+        rows.append({"mode": mode, "ranks": ranks, "batch per rank": per_rank["batch_size"],
+                     "global batch": summary["global_batch_size"],
+                     **{f"{kind} MiB": (memory[kind] or 0) / 2**20 for kind in
+                        ("parameters", "gradients", "optimizer_state", "activations")},
+                     "collectives MiB/step": pd.Series(collective_bytes(folder / "trace" / TRACE_FILE)).median()
+                     / 2**20,
+                     "images/s": summary["images_per_second"],
+                     "step s (median)": max(r["steady_iteration_seconds"] or 0 for r in summary["per_rank"]),
+                     "final loss": summary["final_train_loss"]})
+    return pd.DataFrame(rows)
+
+
+def step_seconds(out: Path) -> list[float]:
+    """Rank 0's seconds of every step of the run in ``out``, as its metrics recorded them."""
+    return [seconds for record in read_records(RunFolder(out).metrics) if record["kind"] == "step"
+            for seconds in record["iteration_seconds"]]
+
+
+def bubble_answer(table: pd.DataFrame) -> str:
+    """Where the learner's formula falls inside the measured range of each micro-batch count, and which
+    measurements a busy machine disturbed (a stage idle less than never: another process had its core)."""
+    lines = []
+    for row in table.itertuples():
+        count = row[1]
+        if row.lowest < 0:
+            lines.append(f"- {count} micro-batch(es): disturbed measurement (a step shorter than the stage's own "
+                         "work, so the busy time was measured while another process slowed it); not a finding")
+        elif row.lowest <= row.formula <= row.highest:
+            lines.append(f"- {count} micro-batch(es): the formula's {row.formula:.0%} is inside the measured "
+                         f"{row.lowest:.0%}-{row.highest:.0%}: no measurable difference")
+        elif row.lowest > row.formula:
+            lines.append(f"- {count} micro-batch(es): stages waited more than the formula's {row.formula:.0%} "
+                         f"(measured {row.lowest:.0%}-{row.highest:.0%}): smaller micro-batches compute less "
+                         "efficiently, the stages are not equal (the embedding, the head), and sending activations "
+                         "costs time, none of which the formula counts")
+        else:
+            lines.append(f"- {count} micro-batch(es): stages waited less than the formula's {row.formula:.0%} "
+                         f"(measured {row.lowest:.0%}-{row.highest:.0%}), which equal stages cannot: the stages "
+                         "are not equal, or the busy time was measured while another process slowed it")
+    return "\n".join(lines)
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    series = pd.Series(values)
+    return series.quantile(0.25), series.median(), series.quantile(0.75)
+
+
+def modes_answer(table: pd.DataFrame, steps: dict[str, list[float]]) -> str:
+    """Which parallelism for which limit, from the measured memory by kind (counted bytes: exact) and step times
+    (compared only where their quartiles do not overlap)."""
+    by_mode = table.set_index("mode")
+    state = by_mode[["parameters MiB", "gradients MiB", "optimizer_state MiB"]].sum(axis=1)
+    activations = by_mode["activations MiB"]
+
+    def listed(values: pd.Series) -> str:
+        return ", ".join(f"{mode} {value:.2f} MiB" for mode, value in values.items())
+
+    lines = [f"- **Weights, gradients and optimizer state** per rank: {listed(state)}; least under "
+             f"{state.idxmin()}. FSDP shards all of it; tensor parallelism splits only the blocks' layers (the "
+             "embedding, the head and the norms stay whole on every rank). When the model's state does not fit, "
+             "shard it (FSDP), and add tensor parallelism when even the shards and one layer's work do not.",
+             f"- **Activations** per rank: {listed(activations)}; per image of the rank's batch: "
+             f"{listed(activations / by_mode['batch per rank'])}. FSDP keeps "
+             "every activation of its own images (each rank runs them through the whole model); tensor "
+             "parallelism keeps 1/N of the heads and hidden units of the same images, and, with sequence "
+             "parallelism, 1/N of the tokens between the layers. When the activations of the smallest batch that "
+             "keeps a GPU busy do not fit, or the global batch is too small to give every GPU its own images, "
+             "tensor parallelism is the tool."]
+    if "collectives MiB/step" in by_mode:
+        talk = by_mode["collectives MiB/step"]
+        lines.append(f"- **Communication** per step (rank 0, from its trace): {listed(talk)}; most under "
+                     f"{talk.idxmax()}. Data parallelism moves gradients, once per step whatever the batch; "
+                     "tensor parallelism moves activations in every block, forward and backward, in proportion "
+                     "to the images and tokens: it belongs where bandwidth is highest, inside a node.")
+    quartiles = {mode: _quartiles(values) for mode, values in steps.items() if values}
+    fastest = min(quartiles, key=lambda mode: quartiles[mode][1])
+    slower = [mode for mode in quartiles if quartiles[mode][0] > quartiles[fastest][2]]
+    alike = [mode for mode in quartiles if mode != fastest and mode not in slower]
+    speed = f"- **Speed**: the fastest median step was {fastest}'s ({quartiles[fastest][1]:.3f} s)"
+    speed += f"; measurably slower (quartiles apart): {', '.join(slower)}" if slower else ""
+    speed += f"; no measurable difference from {', '.join(alike)}" if alike else ""
+    lines.append(speed + " (CPU processes on a shared machine: not GPU speed).")
+    return "\n".join(lines)
+
+
+def exercise_verdict(table: pd.DataFrame) -> str:
+    """Exercise 1's check: with the backward all-reduce taken out, the input gradients go wrong and the weights'
+    stay right."""
+    wrong = set(table.loc[~table["same"], "tensor"])
+    inputs = {name for name in table["tensor"] if "input gradient" in name}
+    if not wrong:
+        return "Not yet: every tensor still matches the whole block. Take the all-reduce out of CopyToRanks.backward."
+    if wrong == inputs:
+        return ("Done: only the input gradients are wrong. Each rank's input gradient covers its own hidden units; "
+                "the weights' gradients need only the whole input, which every rank has.")
+    return f"Something else changed: {', '.join(sorted(wrong - inputs))} differ too; change only CopyToRanks.backward."

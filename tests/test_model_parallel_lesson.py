@@ -1,0 +1,85 @@
+"""Notebook 11's lesson: the learner's hand-split MLP and DTensor-split block, run from the notebook's own
+script cells on two gloo ranks, match the whole block; the exercise's solution does what its check asks; the
+answers read noisy and contradictory measurements as such."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from course_utils.lessons import model_parallel
+
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "11_tensor_and_pipeline_parallel.ipynb"
+
+
+def _script(name: str) -> str:
+    """The script a ``%%writefile {scripts}/NAME`` cell of the notebook writes."""
+    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.startswith(f"%%writefile {{scripts}}/{name}\n"):
+            return source.split("\n", 1)[1]
+    raise AssertionError(f"no cell of {NOTEBOOK.name} writes {name}")
+
+
+def _run(tmp_path, name: str, text: str | None = None) -> Path:
+    script, results = tmp_path / name, tmp_path / f"{Path(name).stem}-results"
+    script.write_text(text or _script(name))
+    results.mkdir()
+    model_parallel.run_script(2, script, str(results))
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_hand_split_mlp_matches_the_whole_block_and_the_exercise_breaks_only_the_input_gradient(tmp_path):
+    check = model_parallel.check_mlp_split(_run(tmp_path, "tp_by_hand.py"))
+    assert check["same"].all(), check
+    assert len(check) == 8  # two ranks' outputs and input gradients, four weights' gradients
+    allreduce = "        grad = grad.clone()\n        dist.all_reduce(grad)\n        return grad\n"
+    without = _script("tp_by_hand.py").replace(allreduce, "        return grad\n", 1)
+    assert without != _script("tp_by_hand.py")
+    verdict = model_parallel.exercise_verdict(model_parallel.check_mlp_split(_run(tmp_path, "tp_exercise.py",
+                                                                                  without)))
+    assert verdict.startswith("Done: only the input gradients are wrong")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_dtensor_split_block_matches_the_whole_block(tmp_path):
+    check = model_parallel.check_block_split(_run(tmp_path, "tp_dtensor.py"), heads=4)
+    assert check["same"].all(), check
+    assert {"output", "input gradient", "attention_norm.weight gradient", "mlp.down.weight gradient"} <= set(
+        check["tensor"])
+
+
+def test_the_check_finds_a_wrong_gradient():
+    whole = pd.DataFrame({"tensor": ["rank 0 output", "rank 0 input gradient", "up.weight gradient"],
+                          "same": [True, False, True]})
+    assert model_parallel.exercise_verdict(whole).startswith("Done")
+    assert model_parallel.exercise_verdict(whole.assign(same=True)).startswith("Not yet")
+    assert model_parallel.exercise_verdict(whole.assign(same=False)).startswith("Something else changed: rank 0 "
+                                                                                "output, up.weight gradient")
+
+
+def test_the_bubble_answer_reads_the_spread():
+    table = pd.DataFrame({"micro-batches": [1, 2, 4, 8], "measured bubble": [0.45, 0.1, 0.4, -0.1],
+                          "lowest": [0.4, 0.05, 0.35, -0.3], "highest": [0.55, 0.2, 0.45, 0.1],
+                          "formula": [0.5, 1 / 3, 0.2, 1 / 9]})
+    lines = model_parallel.bubble_answer(table).splitlines()
+    assert "inside the measured 40%-55%: no measurable difference" in lines[0]
+    assert "waited less than the formula's 33%" in lines[1] and "cannot" in lines[1]
+    assert "waited more than the formula's 20%" in lines[2]
+    assert "disturbed measurement" in lines[3] and "not a finding" in lines[3]
+
+
+def test_the_modes_answer_calls_overlapping_step_times_no_difference():
+    table = pd.DataFrame({"mode": ["ddp", "fsdp", "tp"], "parameters MiB": [4.0, 2.0, 3.0],
+                          "gradients MiB": [4.0, 2.0, 3.0], "optimizer_state MiB": [4.0, 2.0, 3.0],
+                          "activations MiB": [10.0, 10.0, 5.0], "collectives MiB/step": [0.5, 1.0, 3.25],
+                          "batch per rank": [8, 8, 16]})
+    steps = {"ddp": [0.10, 0.11, 0.12, 0.30], "fsdp": [0.105, 0.115, 0.2], "tp": [0.5, 0.6, 0.7]}
+    answer = model_parallel.modes_answer(table, steps)
+    assert "least under fsdp" in answer and "most under tp" in answer
+    assert "per image of the rank's batch: ddp 1.25 MiB, fsdp 1.25 MiB, tp 0.31 MiB" in answer
+    assert "measurably slower (quartiles apart): tp" in answer and "no measurable difference from fsdp" in answer

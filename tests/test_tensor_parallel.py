@@ -1,0 +1,93 @@
+"""Tensor parallelism for real: a vision transformer split over two (and 2 x 2) gloo ranks on the CPU under
+torchrun, trained to the same losses as one process at the same global batch; its sharded checkpoint resumed
+on another layout; the combinations that cannot work refused by name."""
+
+import pytest
+
+from course_utils.observe.metrics import read_records
+from course_utils.parallel.launch import launch
+from course_utils.run_folder import RunFolder
+from course_utils.train import train
+from course_utils.training import checkpoint, models
+from course_utils.training.options import to_flags
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+GLOBAL_BATCH = 16
+
+
+def _vit_run(tiny_root, out, **extra) -> dict:
+    """A short deterministic run of the tiny vision transformer (LayerNorm only: no sample depends on another)."""
+    return {"size": "ci", "data_dir": tiny_root, "model": "vit_tiny", "train_samples": 128, "test_samples": 64,
+            "max_steps": 4, "log_every": 1, "workers": 0, "device": "cpu", "seed": 3, "augment": False,
+            "progress": False, "out": out, "batch_size": GLOBAL_BATCH, **extra}
+
+
+def _ranks(count, tiny_root, out, expect_ok=True, **extra):
+    """The run on ``count`` torchrun ranks; a failure it did not expect shows the ranks' last lines."""
+    flags = to_flags(**_vit_run(tiny_root, out, **extra))
+    result = launch(count, "course_utils.train", *flags, log_dir=out.with_name(f"{out.name}-logs"), echo=False,
+                    timeout_seconds=300)
+    if result.ok != expect_ok:
+        pytest.fail("\n".join(result.lines[-30:]))
+    return result
+
+
+def _losses(out) -> list[float]:
+    return [record["loss"] for record in read_records(RunFolder(out).metrics) if record["kind"] == "step"]
+
+
+@pytest.fixture(scope="module")
+def single(tiny_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "run"
+    train(**_vit_run(tiny_root, str(out)))
+    return out
+
+
+def test_the_vision_transformer_has_its_sizes():
+    vit = models.build("vit_small", image_size=224)
+    assert vit.tokens == 196 and len(models.blocks(vit)) == 12
+    assert 20e6 < models.count_parameters(vit) < 23e6  # ViT-S/16's size
+    assert models.build("vit_tiny").tokens == 64  # 4 px patches of a 32 px image
+    assert not models.has_batch_norm(vit)
+
+
+def test_tensor_parallel_trains_like_one_process(single, tiny_root, tmp_path, run_summary):
+    out = tmp_path / "tp"
+    result = _ranks(2, tiny_root, out, distributed="tp", checkpoint_every=4)
+    assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
+    summary = result.summary
+    assert summary["tensor_parallel_size"] == 2 and summary["global_batch_size"] == GLOBAL_BATCH
+    assert summary["test_loss"] == pytest.approx(run_summary(single)["test_loss"], rel=1e-5)
+    whole = summary["parameters"] * 4
+    for rank in summary["per_rank"]:
+        # The blocks' weights are split in two; the embedding, the head and the norms stay whole.
+        assert whole / 2 < rank["step_memory_bytes"]["parameters"] < whole
+
+
+def test_fsdp_over_tensor_parallel_pairs_trains_like_one_process(single, tiny_root, tmp_path):
+    out = tmp_path / "fsdp-tp"
+    result = _ranks(4, tiny_root, out, distributed="fsdp-tp", tp_size=2, batch_size=GLOBAL_BATCH // 2)
+    assert result.summary["global_batch_size"] == GLOBAL_BATCH
+    assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
+
+
+def test_a_tensor_parallel_checkpoint_resumes_under_fsdp(single, tiny_root, tmp_path):
+    out = tmp_path / "stopped"
+    _ranks(2, tiny_root, out, distributed="tp", max_steps=2, checkpoint_every=1)
+    newest = checkpoint.candidates(RunFolder(out).checkpoints)[0]
+    assert newest.name == "step-00000002.dcp" and newest.is_dir()
+    # FSDP on two ranks of 8 images continues tensor parallelism on two ranks of 16: the same global batch.
+    resumed = _ranks(2, tiny_root, out, distributed="fsdp", batch_size=GLOBAL_BATCH // 2, resume="auto")
+    assert "resuming from" in "\n".join(resumed.lines)
+    assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
+
+
+def test_what_tensor_parallelism_cannot_split_is_refused_by_name(tiny_root, tmp_path):
+    with pytest.raises(ValueError, match="--model small_cnn_gn has none: choose --model from vit_tiny"):
+        train(**_vit_run(tiny_root, str(tmp_path / "cnn"), model="small_cnn_gn", distributed="tp"))
+    with pytest.raises(ValueError, match="--distributed tp with 1 rank.*2 or more ranks"):
+        train(**_vit_run(tiny_root, str(tmp_path / "alone"), distributed="tp"))
+    with pytest.raises(ValueError, match="--tp-size splits each layer over ranks; --distributed is ddp"):
+        train(**_vit_run(tiny_root, str(tmp_path / "ddp"), distributed="ddp", tp_size=2))
+    refused = _ranks(3, tiny_root, tmp_path / "three", expect_ok=False, distributed="tp")
+    assert "3 tensor-parallel ranks cannot split 4 attention heads evenly" in "\n".join(refused.lines)
