@@ -40,10 +40,16 @@ class DelayedCollate:
         return self.collate(samples)
 
 
-def leave_interrupts_to_the_trainer(worker_id: int) -> None:
-    """Ctrl-C reaches every process of the terminal; a worker that died of it would take the batches the
-    training process needs to reach its checkpoint, so the workers ignore it and the trainer decides."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+def leave_stop_signals_to_the_trainer(worker_id: int) -> None:
+    """Ctrl-C reaches every process of the terminal, and Slurm's scancel, time limit and preemption signal
+    (SIGTERM, or SIGUSR1 with ``--signal``) every process of the job. A worker that died of one would take the
+    batches the training process needs to reach its checkpoint (PyTorch then ends the trainer with "DataLoader
+    worker is killed by signal"), so the workers ignore them and the trainer decides; they end with it."""
+    for number in STOP_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
 
 
 def seeded_generator(seed: int) -> torch.Generator:
@@ -95,7 +101,7 @@ def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: i
         drop_last=drop_last,
         generator=seeded_generator(seed * 1_000 + shard_id),
         collate_fn=DelayedCollate(delay_seconds, collate) if delay_seconds > 0 else collate,
-        worker_init_fn=leave_interrupts_to_the_trainer if workers > 0 else None,
+        worker_init_fn=leave_stop_signals_to_the_trainer if workers > 0 else None,
     )
 
 
