@@ -126,7 +126,7 @@ def test_the_epochs_training_is_kept_when_its_evaluation_fails(tiny_coco, tmp_pa
     shutil.copytree(tiny_coco, root)
     run = RunFolder(tmp_path / "run")
     process = subprocess.Popen([sys.executable, "-m", "course_utils.train",
-                                *to_flags(**_options(root, run.path), input_delay_ms=300)],
+                                *to_flags(**_options(root, run.path))],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
     while not (run.metrics.exists() and run.metrics.stat().st_size):  # the first step: every check passed

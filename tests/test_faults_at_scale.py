@@ -193,3 +193,18 @@ def test_a_damaged_shard_is_passed_over_for_the_newest_whole_checkpoint(sharded_
     assert "skipped a checkpoint" in lines and "step-00000004.dcp" in lines
     assert "resuming from" in lines and "step-00000002.dcp: step 2" in lines
     assert RunFolder(run.path).read_summary()["steps"] == 5
+
+
+def test_a_second_sharded_run_in_a_busy_folder_stops_on_every_rank_before_reading_a_checkpoint(tiny_root, tmp_path):
+    folder = RunFolder(tmp_path / "run")
+    first = _torchrun(2, to_flags(**_options(tiny_root, folder.path, epochs=50, checkpoint_every=2,
+                                             input_delay_ms=20)))
+    try:
+        _wait_for_checkpoint(first, folder, "step-*.dcp")
+        second = _launch(tiny_root, folder.path, epochs=50, resume="auto")
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)  # torchrun passes it on to its ranks, which run in sessions of their own
+        first.communicate(timeout=180)
+    errors = [line for line in second.lines if line.startswith("[default") and "error:" in line]
+    assert not second.ok and len(errors) == 2, "\n".join(second.lines[-30:])
+    assert all("is in use by the run of process" in line for line in errors), "\n".join(errors)
