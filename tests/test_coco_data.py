@@ -3,15 +3,18 @@ batches of different sizes, and a missing or damaged tree named with its fix."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Subset
 
 from course_utils import config
 from course_utils.data.cifar import DatasetCorruptError, DatasetMissingError
 from course_utils.data.coco import Categories, CocoBoxes, collate, describe, ground_truth, problems, to_target
 from course_utils.data.generated_coco import annotation_path
+from course_utils.training.detection_eval import box_ap
 
 
 def test_samples_are_what_torchvision_detectors_train_on(tiny_coco):
@@ -149,3 +152,55 @@ def test_the_ground_truth_behind_a_ranks_share_of_part_of_the_set(tiny_coco):
     dataset = CocoBoxes(tiny_coco, "val2017")
     loader = DataLoader(Subset(Subset(dataset, range(16)), range(0, 16, 2)), collate_fn=collate)
     assert ground_truth(loader) is dataset
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "coco"
+OTHER_TOOLS = {  # file: what its info says (tests/fixtures/README names each file's source)
+    "cocoapi_instances_val2017_1img.json": "COCO 2017 Dataset",
+    "datumaro_instances_val.json": "COCO-format set",  # CVAT's exporter leaves every info field empty
+    "roboflow_hard_hat_sample.json": "Exported from roboflow.ai",
+}
+
+
+def _tree_around(document: dict, root: Path) -> Path:
+    """A COCO tree holding ``document`` as both splits, with a real JPEG of each listed size."""
+    for split in ("train2017", "val2017"):
+        (root / split).mkdir(parents=True)
+        for image in document["images"]:
+            Image.new("RGB", (image["width"], image["height"]), "gray").save(root / split / image["file_name"])
+        annotation_path(root, split).parent.mkdir(exist_ok=True)
+        annotation_path(root, split).write_text(json.dumps(document))
+    return root
+
+
+def _perfect_ap(dataset: CocoBoxes) -> float:
+    """COCOeval's box AP of detections equal to the file's own boxes (crowd regions are not objects)."""
+    detections = {image_id: [] for image_id in dataset.images.ids}
+    for annotation in dataset.coco.dataset["annotations"]:
+        if not annotation["iscrowd"]:
+            detections[annotation["image_id"]].append({"image_id": annotation["image_id"], "score": 1.0,
+                                                       "category_id": annotation["category_id"],
+                                                       "bbox": annotation["bbox"]})
+    return box_ap(dataset.coco, detections)["box_ap"]
+
+
+@pytest.mark.parametrize("name", list(OTHER_TOOLS))
+def test_coco_files_written_by_other_tools_are_read_checked_and_scored(name, tmp_path):
+    document = json.loads((FIXTURES / name).read_text())
+    root = _tree_around(document, tmp_path / "as written")
+    assert problems(root) == [] and describe(root).startswith(OTHER_TOOLS[name])
+    assert _perfect_ap(CocoBoxes(root, "val2017")) == pytest.approx(100.0)
+    # Fields other tools write as null or leave out (edited copies of the same real file): a description
+    # without info, and iscrowd/area that COCOeval reads for every object, filled in saying so.
+    document["info"] = None
+    for annotation in document["annotations"]:
+        annotation.pop("iscrowd"), annotation.pop("area")
+    root = _tree_around(document, tmp_path / "without")
+    assert describe(root).startswith("COCO-format set")
+    with pytest.warns(UserWarning) as said:
+        dataset = CocoBoxes(root, "val2017")
+    count = len(document["annotations"])
+    assert {str(warning.message) for warning in said} >= {
+        f"instances_val2017.json: {count} of {count} annotations have no iscrowd: taken as 0 (not a crowd region)",
+        f"instances_val2017.json: {count} of {count} annotations have no area: taken as the box's width x height"}
+    assert _perfect_ap(dataset) == pytest.approx(100.0)

@@ -64,6 +64,19 @@ def test_cloud_recipe_without_head_names_it():
     assert result.returncode != 0 and "set HEAD to the address of the first VM" in result.stderr
 
 
+def test_cloud_recipe_stops_and_says_so_when_nvidia_smi_hangs(tmp_path):
+    """A hanging GPU driver makes nvidia-smi hang; the node's start must not hang with it, silently."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/bash\nexec sleep 600\n")  # as a driver that never answers
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    environment = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HEAD": "127.0.0.1",
+                   "NVIDIA_SMI_TIMEOUT": "2"}
+    result = subprocess.run(["jobs/cloud/run_node.sh"], cwd=checkout_root(), env=environment, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and "nvidia-smi did not answer in 2 s" in result.stderr, result.stderr
+
+
 def _container_command(tmp_path, runtime, **env):
     """The command line jobs/cloud/ngc.sh gives ``runtime``, read by a stand-in that prints its arguments
     (neither Docker nor Apptainer runs on the CI machine)."""

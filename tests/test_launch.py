@@ -58,7 +58,12 @@ def test_timeout_ends_the_whole_group(tmp_path):
 def test_interrupting_the_cell_ends_the_whole_group(tmp_path):
     """Jupyter's interrupt is a SIGINT to the kernel: launch must take every rank down with it."""
     marker = str(tmp_path)
-    threading.Timer(3, os.kill, (os.getpid(), signal.SIGINT)).start()
-    with pytest.raises(KeyboardInterrupt):
-        launch(2, "timeit", "-n", "1000000000", "pass", log_dir=tmp_path, echo=False)
+    # A kernel turns SIGINT into KeyboardInterrupt; a suite started as a background job inherits it ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            launch(2, "timeit", "-n", "1000000000", "pass", log_dir=tmp_path, echo=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     _assert_all_ended(marker)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from course_utils.observe.metrics import read_records
+from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
 from course_utils.train import main, train
 from course_utils.training import checkpoint, preemption
@@ -176,3 +177,26 @@ def test_an_nvidia_smi_that_starts_printing_garbage_stops_the_monitor_not_the_ru
     monitor = summary["monitor"]
     assert "printed output that is not its readings" in monitor["failure"] and monitor["samples"] >= 1
     assert json.loads(RunFolder(quick["out"]).summary.read_text())["steps"] == 6
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_full_disk_during_a_sharded_save_is_one_line_on_each_rank(tiny_root, tmp_path, small_disk):
+    """Two FSDP ranks write their shards to a disk with room for about one and a half checkpoints."""
+    options = dict(size="ci", data_dir=str(tiny_root), model="small_cnn_gn", train_samples=256, test_samples=64,
+                   batch_size=16, log_every=1, workers=0, device="cpu", progress=False, distributed="fsdp")
+    probe = launch(2, "course_utils.train", *to_flags(**options, max_steps=1, out=str(tmp_path / "probe")),
+                   log_dir=tmp_path / "probe-logs", echo=False, timeout_seconds=300)
+    assert probe.ok, "\n".join(probe.lines[-30:])
+    size = sum(path.stat().st_size for path in (tmp_path / "probe" / "checkpoints").rglob("*") if path.is_file())
+    disk = small_disk(int(1.5 * size) + 256 * 1024)
+    result = launch(2, "course_utils.train", *to_flags(**options, max_steps=8, checkpoint_every=1,
+                                                       out=str(disk / "run")),
+                    log_dir=tmp_path / "logs", echo=False, timeout_seconds=300)
+    ranks = [line for line in result.lines if line.startswith("[default")]  # torchrun adds a report of its own
+    errors = [line for line in ranks if "error:" in line]
+    assert not result.ok and len(errors) == 2, "\n".join(ranks[-40:])
+    assert all("disk full writing" in line and "--resume auto" in line for line in errors), "\n".join(errors)
+    assert not any("Traceback" in line for line in ranks), "\n".join(ranks[-40:])
+    newest = checkpoint.candidates(RunFolder(disk / "run").checkpoints)[0]
+    assert checkpoint.load(newest)["step"] >= 1  # the last whole checkpoint is kept, and verifies

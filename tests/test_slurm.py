@@ -99,3 +99,29 @@ def test_a_signalled_job_checkpoints_requeues_itself_and_finishes(cluster, tiny_
     assert sorted(r["node_rank"] for r in summary["per_rank"]) == [0, 1] and summary["per_rank"][0]["node_rank"] == 0
     assert len({r["steps"] for r in summary["per_rank"]}) == 1
     assert run.metrics.stat().st_size > 0 and run.last_checkpoint.is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_a_requeued_job_that_cannot_resume_ends_instead_of_requeueing_again(cluster, tmp_path, name, tiny_root):
+    """A requeued job finds the marker of the run it continues; when its run then fails (here: no checkpoint
+    loads), the job ends with the error instead of requeueing itself forever."""
+    script, options, extra_env = SCRIPTS[name]
+    run = RunFolder(tmp_path / "run")
+    run.checkpoints.mkdir(parents=True)
+    run.last_checkpoint.write_bytes(b"not a checkpoint: cut short by a full disk")
+    run.preempted.write_text("stopped by SIGUSR1 after step 4; resume with --resume auto\n")
+    job = slurm.submit(script, "--data-dir", str(tiny_root), "--device", "cpu", "--workers", "0", "--epochs", "1",
+                       options=["--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=10",
+                                f"--output={tmp_path / 'job.out'}", *options],
+                       cwd=checkout_root(), env={**_ENV, "COURSE_RUN_DIR": str(run.path), **extra_env})
+    deadline = time.monotonic() + 240
+    while (now := slurm.state(job)).state not in slurm.ENDED:
+        assert now.reason != "BeginTime", f"the job requeued itself after a run that failed: {now}"
+        assert time.monotonic() < deadline, f"the job did not end within 240 s: {now}"
+        time.sleep(0.2)
+    log = (tmp_path / "job.out").read_text()
+    assert now.state == "FAILED" and "requeueing" not in log, f"{now}\n{log}"
+    assert "no checkpoint in" in log and "loads" in log, log
+    assert not run.preempted.exists()

@@ -18,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch.utils.data import Dataset, Subset
 from torchvision import tv_tensors
 from torchvision.datasets import CocoDetection
@@ -49,6 +51,16 @@ class Categories:
         ordered = sorted(categories, key=lambda category: category["id"])
         return cls(tuple(c["id"] for c in ordered), tuple(c["name"] for c in ordered))
 
+    @classmethod
+    def of_splits(cls, *documents: dict) -> Categories:
+        """The categories of every split together: a category that only the training annotations list still
+        gets its label (and the detector's head its output), the same in every split."""
+        merged = {}
+        for document in documents:
+            for category in document["categories"]:
+                merged.setdefault(category["id"], category)
+        return cls.from_coco(list(merged.values()))
+
     @property
     def num_classes(self) -> int:
         """What a torchvision detector's ``num_classes`` must be: the categories plus the background."""
@@ -61,14 +73,6 @@ class Categories:
         if not 1 <= label <= len(self.ids):
             raise ValueError(f"label {label} is not one of the {len(self.ids)} categories (labels 1..{len(self.ids)})")
         return self.ids[label - 1]
-
-
-def class_count(root: Path) -> int:
-    """The detector's ``num_classes`` for the tree at ``root``: its categories and the background."""
-    path = annotation_path(Path(root), SPLITS[1])  # the validation annotations, the smaller file
-    if not path.is_file():
-        raise DatasetMissingError(f"COCO-format data is not in {root} (missing: {path.relative_to(root)})")
-    return Categories.from_coco(json.loads(path.read_text())["categories"]).num_classes
 
 
 def ground_truth(loader: Iterable) -> CocoBoxes:
@@ -88,7 +92,8 @@ def missing(root: Path, split: str) -> list[str]:
 
 def problems(root: Path) -> list[str]:
     """Every problem of the tree at ``root``, one line each: missing folders or annotation files, annotation
-    files that are not COCO's, images they list that are missing or empty. An empty list: the tree is whole."""
+    files that are not COCO's or lack what COCOeval needs, images they list that are missing, empty, outside
+    the image folder or (validation) unreadable. An empty list: the tree is whole."""
     root = Path(root)
     found = []
     for split in SPLITS:
@@ -101,13 +106,51 @@ def problems(root: Path) -> list[str]:
         if wrong:
             found.append(f"{path.relative_to(root)} is not a COCO instances file: {_listed(wrong)}")
             continue
-        names = [image["file_name"] for image in document["images"]]
-        folder = root / split
-        bad = [name for name in names if not (folder / name).is_file() or (folder / name).stat().st_size == 0]
-        if bad:
-            found.append(f"{split}: {len(bad)} of {len(names)} images missing or empty ({', '.join(bad[:3])}"
-                            f"{', ...' if len(bad) > 3 else ''})")
+        found += image_problems(root, split, document)
     return found
+
+
+def image_problems(root: Path, split: str, document: dict) -> list[str]:
+    """The images of ``split`` that a run could not read: names that leave the image folder, files missing or
+    empty, and, for the validation split (read whole at every evaluation), files that are not images; also a
+    validation split without objects, on which COCOeval has nothing to score."""
+    folder = Path(root) / split
+    names = [image["file_name"] for image in document["images"]]
+    outside = [name for name in names if not _inside(folder, name)]
+    if outside:
+        return [f"{split}: {len(outside)} file_name(s) lead outside {folder} ({', '.join(map(repr, outside[:3]))}); "
+                "an annotation file names images inside its image folder"]
+    bad = [name for name in names if not (folder / name).is_file() or (folder / name).stat().st_size == 0]
+    found = []
+    if bad:
+        found.append(f"{split}: {len(bad)} of {len(names)} images missing or empty ({', '.join(bad[:3])}"
+                     f"{', ...' if len(bad) > 3 else ''})")
+    if split == SPLITS[1]:
+        unreadable = [name for name in names if name not in bad and not _is_image(folder / name)]
+        if unreadable:
+            found.append(f"{split}: {len(unreadable)} of {len(names)} images cannot be read as images "
+                         f"({', '.join(unreadable[:3])}{', ...' if len(unreadable) > 3 else ''})")
+        if not any(not annotation.get("iscrowd", 0) for annotation in document["annotations"]):
+            found.append(f"{split} has no objects (no annotation that is not a crowd region): box AP cannot be "
+                         "computed on it")
+    return found
+
+
+def _inside(folder: Path, name: object) -> bool:
+    """Whether ``name`` is a relative path that stays inside ``folder`` (no absolute path, no way out by ..)."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute():
+        return False
+    return (folder / name).resolve().is_relative_to(folder.resolve())
+
+
+def _is_image(path: Path) -> bool:
+    """Whether PIL recognizes ``path`` as an image (its header only: cheap for thousands of files)."""
+    try:
+        with Image.open(path) as picture:
+            picture.size  # noqa: B018 - reading the header is the check
+        return True
+    except (OSError, SyntaxError, ValueError):
+        return False
 
 
 def kind(root: Path) -> str:
@@ -116,7 +159,8 @@ def kind(root: Path) -> str:
     if not path.is_file():
         return "no COCO-format set"
     document = json.loads(path.read_text())
-    description = document.get("info", {}).get("description", "COCO-format set")
+    info = document.get("info")  # optional in COCO's format: other tools write null, {} or empty strings
+    description = (info.get("description") if isinstance(info, dict) else None) or "COCO-format set"
     return f"{description}, {len(document.get('images', []))} validation images"
 
 
@@ -140,25 +184,58 @@ def to_target(annotations: list[dict], image_id: int, categories: Categories, ca
 
 
 def annotation_problems(document: object) -> list[str]:
-    """What makes an annotation file something other than COCO's instances format (nothing: an empty list)."""
+    """What makes an annotation file something other than COCO's instances format, or keeps COCOeval from
+    scoring on it (nothing: an empty list). A missing ``iscrowd`` or ``area`` is not a problem: see
+    :func:`fill_defaults`."""
     if not isinstance(document, dict):
         return ["it is not a JSON object"]
     absent = [key for key in ("images", "annotations", "categories") if not isinstance(document.get(key), list)]
     if absent:
         return [f"it has no {' / '.join(absent)} list"]
+    if not all(isinstance(entry, dict) for key in ("images", "annotations", "categories") for entry in document[key]):
+        return ["its images, annotations and categories are not all JSON objects"]
     categories = {category.get("id") for category in document["categories"]}
     images = {image.get("id") for image in document["images"]}
     problems = [f"image {image.get('id')} has no file_name" for image in document["images"] if "file_name" not in image]
     for annotation in document["annotations"]:
+        name = f"annotation {annotation.get('id')}"
         if annotation.get("category_id") not in categories:
-            problems.append(f"annotation {annotation.get('id')} has category id {annotation.get('category_id')}, "
-                            "which its categories do not list")
+            problems.append(f"{name} has category id {annotation.get('category_id')}, which its categories do not list")
         elif annotation.get("image_id") not in images:
-            problems.append(f"annotation {annotation.get('id')} is of image {annotation.get('image_id')}, "
-                            "which its images do not list")
-        elif not (isinstance(annotation.get("bbox"), list) and len(annotation["bbox"]) == 4):
-            problems.append(f"annotation {annotation.get('id')} has no [x, y, width, height] bbox")
+            problems.append(f"{name} is of image {annotation.get('image_id')}, which its images do not list")
+        elif not (isinstance(annotation.get("bbox"), list) and len(annotation["bbox"]) == 4
+                  and all(_is_number(value) for value in annotation["bbox"])):
+            problems.append(f"{name} has no [x, y, width, height] bbox of numbers (it has {annotation.get('bbox')!r})")
+        elif not all(_is_number(annotation.get(key, 0)) for key in ("iscrowd", "area")):
+            problems.append(f"{name}'s iscrowd or area is not a number")
     return problems
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def fill_defaults(document: dict) -> list[str]:
+    """Give every annotation what COCOeval reads from it, where a tool left it out: ``iscrowd`` 0 (an object,
+    not a crowd region), ``area`` its box's width x height (COCO's own area is the mask's, a little
+    smaller), and an id from 1 where ids start at 0 or repeat. Returns what was changed, one line each, to
+    say so (re-index the COCO object after a change of ids)."""
+    said = []
+    for key, default in (("iscrowd", lambda a: 0), ("area", lambda a: float(a["bbox"][2] * a["bbox"][3]))):
+        lacking = [annotation for annotation in document["annotations"] if key not in annotation]
+        for annotation in lacking:
+            annotation[key] = default(annotation)
+        if lacking:
+            taken = "0 (not a crowd region)" if key == "iscrowd" else "the box's width x height"
+            said.append(f"{len(lacking)} of {len(document['annotations'])} annotations have no {key}: taken as {taken}")
+    # COCOeval records a match as the matched annotation's id, 0 meaning none: an object with id 0 (Roboflow
+    # numbers from 0) could never be matched, and AP would come out too low.
+    ids = [annotation.get("id") for annotation in document["annotations"]]
+    if 0 in ids or len(set(ids)) < len(ids):
+        for number, annotation in enumerate(document["annotations"], start=1):
+            annotation["id"] = number
+        said.append("annotation ids include 0 or repeat, which COCOeval cannot match: renumbered from 1")
+    return said
 
 
 def read_annotations(path: Path) -> tuple[dict | None, list[str]]:
@@ -199,6 +276,18 @@ class CocoBoxes(Dataset):
             raise DatasetCorruptError(f"{path} is not a COCO instances file: {_listed(problems)}; "
                                       f"prepare the data again with:\n    {prepare_hint}")
         self.coco = self.images.coco  # the ground truth COCOeval compares detections with
+        # Checked before the first step, not found at the end of an epoch: what the loader and COCOeval will read.
+        problems = image_problems(root, split, self.coco.dataset)
+        if problems:
+            raise DatasetCorruptError(f"{root}: {'; '.join(problems)}; prepare the data again with:\n    "
+                                      f"{prepare_hint}")
+        filled = fill_defaults(self.coco.dataset)
+        for said in filled:
+            warnings.warn(f"{path.name}: {said}", stacklevel=2)
+        if filled:
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.coco.createIndex()  # by the new ids
+        # This split's categories; a run gives both splits those of both (:func:`share_categories`).
         self.categories = Categories.from_coco(self.coco.dataset["categories"])
         self.flip = v2.RandomHorizontalFlip(0.5) if augment else None
         self.prepare_hint = prepare_hint
@@ -218,6 +307,15 @@ class CocoBoxes(Dataset):
             image, target = self.flip(image, target)
         target["boxes"] = target["boxes"].as_subclass(torch.Tensor)  # a plain tensor, as the detectors expect
         return image.as_subclass(torch.Tensor), target
+
+
+def share_categories(*splits: CocoBoxes) -> Categories:
+    """One label numbering for every split, from the categories of all of them: a category that only the
+    training annotations list would otherwise size the detector's head too small, or shift the labels."""
+    shared = Categories.of_splits(*(split.coco.dataset for split in splits))
+    for split in splits:
+        split.categories = shared
+    return shared
 
 
 def collate(batch: Sequence[tuple[torch.Tensor, Target]]) -> tuple[list[torch.Tensor], list[Target]]:

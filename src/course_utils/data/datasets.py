@@ -74,9 +74,7 @@ def _imagefolder(root: Path, split: str, transform: v2.Compose, image_size: int)
 
 def class_count(source: str, root: str | Path | None) -> int:
     """How many classes the model must tell apart: CIFAR-100's 100, or an ImageFolder's class folders
-    (ImageNet's 1,000)."""
-    if source == "coco" and root is not None:  # its categories, and the detectors' background class
-        return coco.class_count(Path(root))
+    (ImageNet's 1,000). A detector's come from its data sets (:func:`coco.share_categories`)."""
     if source != "imagefolder" or root is None:
         return NUM_CLASSES
     folder = Path(root) / "train"
@@ -97,6 +95,7 @@ def build_datasets(spec: DataSpec) -> tuple[Dataset, Dataset]:
     elif spec.source == "coco":
         train = coco.CocoBoxes(spec.root, "train2017", augment=spec.augment, prepare_hint=spec.prepare_hint)
         test = coco.CocoBoxes(spec.root, "val2017", prepare_hint=spec.prepare_hint)
+        coco.share_categories(train, test)
     elif spec.source == "imagefolder":
         if spec.root is None:
             raise ValueError("--data imagefolder needs --data-dir pointing at a folder with train/ and val/")

@@ -8,7 +8,10 @@ path behind one interface.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,10 +43,25 @@ class DelayedCollate:
         return self.collate(samples)
 
 
-def leave_interrupts_to_the_trainer(worker_id: int) -> None:
-    """Ctrl-C reaches every process of the terminal; a worker that died of it would take the batches the
-    training process needs to reach its checkpoint, so the workers ignore it and the trainer decides."""
+def leave_stop_signals_to_the_trainer(worker_id: int) -> None:
+    """Ctrl-C reaches every process of the terminal, and Slurm's scancel, time limit and preemption signal
+    (SIGTERM, or SIGUSR1 with ``--signal``) every process of the job. A worker that died of one would take the
+    batches the training process needs to reach its checkpoint (PyTorch then ends the trainer with "DataLoader
+    worker is killed by signal"), so the workers leave them to the trainer. A SIGTERM from the trainer itself
+    (the loader ending its workers) still ends a worker at once, as PyTorch's own handler does."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # Blocked here, before the worker starts any thread, so that every thread inherits the block and SIGTERM
+    # waits for the one thread below, which reads who sent it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_end_when_the_trainer_asks, args=(multiprocessing.parent_process().pid,), daemon=True,
+                     name="sigterm-from-trainer").start()
+
+
+def _end_when_the_trainer_asks(trainer: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == trainer:
+            os._exit(0)
 
 
 def seeded_generator(seed: int) -> torch.Generator:
@@ -95,7 +113,7 @@ def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: i
         drop_last=drop_last,
         generator=seeded_generator(seed * 1_000 + shard_id),
         collate_fn=DelayedCollate(delay_seconds, collate) if delay_seconds > 0 else collate,
-        worker_init_fn=leave_interrupts_to_the_trainer if workers > 0 else None,
+        worker_init_fn=leave_stop_signals_to_the_trainer if workers > 0 else None,
     )
 
 

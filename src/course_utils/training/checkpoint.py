@@ -9,7 +9,9 @@ checkpoint raises :class:`DamagedCheckpoint`, which names it.
 
 An FSDP run's checkpoint is a folder, ``step-NNNNNNNN.dcp``, of every rank's shards with the rest of
 the run's state in ``extra.pt`` (:mod:`course_utils.training.sharded_checkpoint` writes and reads
-the shards); both layouts share the names, the order and the clean-up below.
+the shards); both layouts share the names, the order and the clean-up below. A sharded one is whole
+when its metadata reads as data and every shard file it names is there at its full length
+(:mod:`course_utils.training.shard_files`); its items are read as data only.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ import torch
 
 from course_utils.atomic_files import write_atomic
 from course_utils.run_folder import LAST_CHECKPOINT
+from course_utils.training import shard_files
 
 SHARDED_SUFFIX = ".dcp"  # a folder of shards written by torch.distributed.checkpoint
 SHARDED_EXTRA = "extra.pt"  # in that folder: everything but the model and optimizer
-SHARDED_METADATA = ".metadata"  # in that folder: written last, when every rank's shards are in place
+SHARDED_METADATA = shard_files.METADATA  # in that folder: written last, when every rank's shards are in place
 
 
 class DamagedCheckpoint(RuntimeError):
@@ -46,9 +49,10 @@ def load(path: Path) -> dict[str, Any]:
     Of a sharded checkpoint (a folder) this reads all but the shards: see :mod:`.sharded_checkpoint`."""
     path = Path(path)
     if path.is_dir():
-        if not (path / SHARDED_METADATA).is_file() or not (path / SHARDED_EXTRA).is_file():
-            raise DamagedCheckpoint(f"{path} is not a whole sharded checkpoint (its {SHARDED_METADATA} or "
-                                    f"{SHARDED_EXTRA} is missing)")
+        wrong = shard_files.problems(path) + ([] if (path / SHARDED_EXTRA).is_file() else
+                                              [f"its {SHARDED_EXTRA} is missing"])
+        if wrong:
+            raise DamagedCheckpoint(f"{path} is not a whole sharded checkpoint: {'; '.join(wrong)}")
         return _read(path / SHARDED_EXTRA, must_hold="step")
     return _read(path, must_hold="model")
 

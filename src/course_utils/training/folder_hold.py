@@ -11,14 +11,17 @@ file system has no locks, the run says so and goes on unprotected.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import socket
 import time
 import warnings
+from collections.abc import Iterator
 from typing import IO
 
+from course_utils.parallel.collectives import from_rank_zero
 from course_utils.run_folder import RunFolder
 
 
@@ -62,3 +65,24 @@ class FolderHold:
         if self._file is not None:
             self._file.close()  # closing releases the lock
             self._file = None
+
+
+@contextlib.contextmanager
+def held_by_rank_zero(folder: RunFolder, is_main: bool) -> Iterator[None]:
+    """Rank 0 holds ``folder`` (call on every rank, before anything reads the folder's checkpoints): when it
+    cannot, every rank stops with its reason, instead of waiting for it at the first collective."""
+    hold, refusal = FolderHold(folder), None
+    if is_main:
+        try:
+            hold.__enter__()
+        except (FolderInUse, OSError) as error:
+            refusal = error
+    refused = from_rank_zero(None if refusal is None else str(refusal))
+    if refusal is not None:
+        raise refusal
+    if refused is not None:
+        raise FolderInUse(refused)
+    try:
+        yield
+    finally:
+        hold.__exit__()

@@ -1,4 +1,4 @@
-"""The loop over epochs of one run, told as a short story: train the epoch, evaluate, report, checkpoint
+"""The loop over epochs of one run, told as a short story: train the epoch, checkpoint, evaluate, report
 (notebooks 01-09, through :func:`course_utils.train.train` and ``python -m course_utils.train``).
 
 Every rank runs it; rank 0 alone writes metrics, TensorBoard events, checkpoints and the summary.
@@ -26,7 +26,7 @@ from course_utils.run_folder import RunFolder
 from course_utils.training import checkpoint, preemption
 from course_utils.training.detection_eval import evaluate_detection
 from course_utils.training.evaluate import evaluate, score_line
-from course_utils.training.folder_hold import FolderHold
+from course_utils.training.folder_hold import held_by_rank_zero
 from course_utils.training.observers import Observers
 from course_utils.training.preemption import Preempted, StopSignals
 from course_utils.training.resume import Position, RunState, check_finite
@@ -67,21 +67,22 @@ class Loop:
         self.plan = Plan.of(setup)
         self.scheduler = scheduler(setup, self.plan)
         self.state = RunState(setup, self.scheduler)
-        resumed = self.state.resume(self.cfg.resume) if self.cfg.resume else None
-        self.position = resumed or Position.start(setup.device)
-        if self.position.step >= self.plan.total_steps:
-            raise ValueError(f"{self.folder.path} holds a finished run ({self.position.step} steps): nothing to "
-                             "resume; raise --epochs or --max-steps to train further, or choose another --out")
+        self.position = Position.start(setup.device)
         self.clock = StepClock(setup.device)
         self.times = StepTimes()
         self.step_memory: StepMemory | None = None  # of the first step this process trains
         self._exits = contextlib.ExitStack()
 
     def __enter__(self) -> Loop:
-        main, resumed = self.setup.where.is_main, self.state.resumed_from is not None
+        main = self.setup.where.is_main
         with self._exits as exits:  # what was entered is closed again if a later step fails
+            # The folder is this run's before any rank reads a checkpoint from it, and its stop marker is cleared
+            # at once: a run that fails from here on did not stop for a signal, and its job must not requeue.
+            exits.enter_context(held_by_rank_zero(self.folder, main))
             if main:
-                exits.enter_context(FolderHold(self.folder))
+                preemption.clear(self.folder)
+            self._resume()
+            resumed = self.state.resumed_from is not None
             self.observers = exits.enter_context(Observers(self.setup, self.plan, self.position.step))
             self._prepare_folder()
             self.signals = exits.enter_context(StopSignals(announce=main))
@@ -94,16 +95,23 @@ class Loop:
     def __exit__(self, *exc: object) -> None:
         self._exits.close()
 
+    def _resume(self) -> None:
+        resumed = self.state.resume(self.cfg.resume) if self.cfg.resume else None
+        self.position = resumed or self.position
+        if self.position.step >= self.plan.total_steps:
+            raise ValueError(f"{self.folder.path} holds a finished run ({self.position.step} steps): nothing to "
+                             "resume; raise --epochs or --max-steps to train further, or choose another --out")
+
     def run(self) -> dict[str, Any]:
         """Train to the end of the plan; the summary, which rank 0 also writes to ``summary.json``."""
         while self.position.step < self.plan.total_steps:
             epoch = self.position.epoch
             result = self.train_epoch()
-            scores = self.evaluate(epoch)
-            self.report(epoch, result, scores)
             if result.finished:
                 self.position.next_epoch()
+            # The epoch's training is kept before its evaluation, which may fail on data (or be stopped).
             self.state.save(self.position, self.cfg.keep_checkpoints)
+            self.report(epoch, result, self.evaluate(epoch))
             if self.position.step < self.plan.total_steps and self._stop_requested(at_log_point=True):
                 self._preempt()
         summary = run_summary(self.setup, self.plan, self.times, self.position.step, self.epoch_records,
@@ -198,7 +206,7 @@ class Loop:
             self._log(interval)
             interval = Interval(torch.zeros((), device=self.setup.device))
         if epoch_done:
-            return interval  # the epoch's end checkpoints after evaluation
+            return interval  # the epoch's end checkpoints in run()
         if self._stop_requested(log_point):
             self.state.save(position, self.cfg.keep_checkpoints)
             self._preempt()
@@ -221,16 +229,14 @@ class Loop:
         self.observers.logged(loss, rate)
 
     def _prepare_folder(self) -> None:
-        """Clear what an earlier process left (its stop marker, half-written files, a summary that this run
-        will replace), after making sure that checkpoints can be written and that no unfinished run is
-        deleted without ``--overwrite``."""
+        """Clear what an earlier process left (half-written files, a summary that this run will replace), after
+        making sure that checkpoints can be written and that no unfinished run is deleted without ``--overwrite``."""
         if not self.setup.where.is_main:
             return
         folder, position = self.folder, self.position
         checkpoint.check_writable(folder.checkpoints)
         if not self.state.resumed_from:
             self._replace_earlier_run()
-        preemption.clear(folder)
         checkpoint.remove_partial(folder.checkpoints)
         folder.summary.unlink(missing_ok=True)  # a folder with checkpoints and no summary holds an unfinished run
         for reason in self.state.skipped:

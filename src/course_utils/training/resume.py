@@ -69,10 +69,12 @@ def generator_state(generator: torch.Generator | None) -> torch.Tensor | None:
     return generator.get_state() if generator is not None else None
 
 
-def find(resume: str, checkpoint_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
+def find(resume: str, checkpoint_dir: Path, passed_over: dict[Path, str] | None = None,
+         ) -> tuple[Path, dict[str, Any], list[str]] | None:
     """The checkpoint ``--resume`` names, loaded: ``auto`` is the newest whole one in this run's folder
     (None if there is none yet: the run starts from scratch), anything else a checkpoint file (or a sharded
-    checkpoint's folder) that must exist and load. Also says which newer checkpoints ``auto`` skipped, and why.
+    checkpoint's folder) that must exist and load. Also says which newer checkpoints ``auto`` skipped, and why;
+    ``passed_over`` are those found damaged later (sharded ones whose shards did not load), with the reason.
 
     Loaded into host memory on every device: the generators' states must be CPU byte tensors, and
     ``load_state_dict`` copies weights and optimizer state to where the parameters are."""
@@ -82,8 +84,12 @@ def find(resume: str, checkpoint_dir: Path) -> tuple[Path, dict[str, Any], list[
             raise FileNotFoundError(f"--resume {resume}: no such checkpoint; use --resume auto to continue the run "
                                     f"in --out, or give a file such as {Path(checkpoint_dir) / LAST_CHECKPOINT}")
         return path, checkpoint.load(path), []
+    passed_over = passed_over or {}
     skipped = []
     for path in checkpoint.candidates(checkpoint_dir):
+        if path in passed_over:
+            skipped.append(passed_over[path])
+            continue
         try:
             return path, checkpoint.load(path), skipped
         except checkpoint.DamagedCheckpoint as error:
@@ -174,18 +180,26 @@ class RunState:
         """Load the checkpoint ``--resume`` names into model, optimizer, scheduler and scaler; its position,
         or None when ``auto`` finds no checkpoint yet."""
         setup = self.setup
-        found = find(option, self.folder.checkpoints)
-        if found is None:
-            return None
-        path, state, self.skipped = found
-        current = asdict(setup.cfg)
-        check_same_layout(state["config"], current, path)
-        check_same_training(state["config"], current, setup.where.world_size, state["world_size"], path)
-        if path.is_dir():
-            sharded_checkpoint.load_model_and_optimizer(path, setup.model, setup.optimizer)
-        else:
-            setup.model.load_state_dict(state["model"])
-            setup.optimizer.load_state_dict(state["optimizer"])
+        passed_over: dict[Path, str] = {}
+        while True:  # until a checkpoint loads whole: a sharded one shows damage inside its shards only here
+            found = find(option, self.folder.checkpoints, passed_over)
+            if found is None:
+                return None
+            path, state, self.skipped = found
+            current = asdict(setup.cfg)
+            check_same_layout(state["config"], current, path)
+            check_same_training(state["config"], current, setup.where.world_size, state["world_size"], path)
+            if not path.is_dir():
+                setup.model.load_state_dict(state["model"])
+                setup.optimizer.load_state_dict(state["optimizer"])
+                break
+            try:  # every rank fails together: DCP gathers every rank's failures
+                sharded_checkpoint.load_model_and_optimizer(path, setup.model, setup.optimizer)
+                break
+            except checkpoint.DamagedCheckpoint as error:
+                if option != "auto":
+                    raise
+                passed_over[path] = str(error)
         self.scheduler.load_state_dict(state["scheduler"])
         setup.scaler.load_state_dict(state["scaler"])
         self.resharded_from = state["world_size"] if state["world_size"] != setup.where.world_size else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +15,11 @@ import torch
 from torch import nn
 
 from course_utils import config, devices
+from course_utils.data import coco
 from course_utils.data.datasets import DataSpec, class_count
 from course_utils.data.loaders import Loaders, make_loaders
 from course_utils.parallel import process_group, sharding, tensor_parallel
+from course_utils.parallel.collectives import from_rank_zero
 from course_utils.parallel.wrappers import ONE_PROCESS_PER_DEVICE, SHARDED_MODES, DDPOptions, wrap
 from course_utils.training import models
 from course_utils.training.activation_checkpointing import checkpoint_blocks
@@ -174,6 +176,8 @@ def prepare(options: TrainOptions) -> Setup:
     cfg = options.resolved()
     where = _join_process_group(cfg)
     try:
+        if options.out is None:  # named from the clock: ranks that start a second apart would name two folders
+            cfg = replace(cfg, out=from_rank_zero(cfg.out))
         return _build(cfg, where)
     except BaseException:
         process_group.leave()
@@ -204,12 +208,14 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
         # detector, whose every new image size would be searched again.
         torch.backends.cudnn.benchmark = not cfg.detection
     tp = tensor_parallel.degree(cfg.distributed, cfg.tp_size, where.world_size)
-    classes = class_count(cfg.data, cfg.data_dir)
+    loaders = _loaders(cfg, where, device, tp)
+    # A detector's head: the categories of both splits, which its data sets share (COCO numbers them with gaps).
+    classes = (coco.ground_truth(loaders.test).categories.num_classes if cfg.detection
+               else class_count(cfg.data, cfg.data_dir))
     model = models.build(cfg.model, num_classes=classes, image_size=cfg.image_size).to(device)
     wrong = tensor_parallel.misfits(model, tp) if tp > 1 else []
     if wrong:
         raise ValueError("; ".join(wrong))
-    loaders = _loaders(cfg, where, device, tp)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     recomputed = checkpoint_blocks(models.blocks(model)) if cfg.activation_checkpointing else []

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from course_utils.atomic_files import replace_directory
 from course_utils.parallel.collectives import barrier
 from course_utils.training import checkpoint
+from course_utils.training.shard_files import DataOnlyPlanner, DataOnlyReader, NotData
 
 
 def save_keeping(model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any], folder: Path,
@@ -38,7 +39,10 @@ def save_keeping(model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict
         partial.mkdir(parents=True)
     barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=partial)
+    try:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=partial)
+    except dcp.CheckpointException as error:  # a BaseException: the command's one-line errors would miss it
+        raise _as_error(error, partial) from None
     if is_main:
         checkpoint.save_atomic(extra, partial / checkpoint.SHARDED_EXTRA)
         replace_directory(partial, final)  # the same step saved again replaces the older folder
@@ -53,8 +57,32 @@ def load_model_and_optimizer(path: Path, model: nn.Module, optimizer: torch.opti
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     try:
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, storage_reader=DataOnlyReader(path), planner=DataOnlyPlanner())
     except dcp.CheckpointException as error:
-        raise checkpoint.DamagedCheckpoint(f"{path}: its shards do not load ({error}); resume from an older "
-                                           "checkpoint with --resume PATH, or start a new run") from error
+        raise checkpoint.DamagedCheckpoint(f"{path}: its shards do not load ({_first_failure(error)}); resume "
+                                           "from an older checkpoint with --resume PATH, or start a new run") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _first_cause(error: dcp.CheckpointException) -> BaseException | None:
+    """The first failing rank's own exception, where DCP's gathers every rank's with its traceback."""
+    for failure in error.failures.values():
+        return failure[0] if isinstance(failure, tuple) else failure
+    return None
+
+
+def _first_failure(error: dcp.CheckpointException) -> str:
+    """One line for the first rank's failure, instead of DCP's traceback of every rank."""
+    cause = _first_cause(error)
+    if cause is None:
+        return "no rank said why"
+    return str(cause) if isinstance(cause, NotData) else f"{type(cause).__name__}: {cause}"
+
+
+def _as_error(error: dcp.CheckpointException, folder: Path) -> Exception:
+    """A failed save as the error it was on the first failing rank (a full disk: ``OSError`` ENOSPC, naming the
+    folder), which the training command reports in one line."""
+    cause = _first_cause(error)
+    if isinstance(cause, OSError):
+        return OSError(cause.errno, cause.strerror, cause.filename or str(folder))
+    return RuntimeError(f"the sharded checkpoint in {folder} was not written: {_first_failure(error)}")

@@ -1,0 +1,210 @@
+"""Faults a cluster run meets, each made real with torchrun ranks, loader workers, signals to the whole process
+group and files written by someone else: nothing already trained is lost, and nothing in a run folder runs
+as code."""
+
+import dataclasses
+import io
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_utils import config
+from course_utils.parallel.launch import LaunchResult, launch
+from course_utils.run_folder import RunFolder
+from course_utils.training import checkpoint, shard_files
+from course_utils.training.options import to_flags
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+
+def _torchrun(ranks: int, flags: list[str]) -> subprocess.Popen:
+    """torchrun and its ranks in a process group of their own, as ``srun`` or a terminal starts them."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m",
+               "course_utils.train", *flags]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _wait_for_checkpoint(agent: subprocess.Popen, folder: RunFolder, pattern: str) -> None:
+    deadline = time.monotonic() + 240
+    while not list(folder.checkpoints.glob(pattern)):
+        assert agent.poll() is None and time.monotonic() < deadline, agent.stdout.read()[-3000:]
+        time.sleep(0.2)
+
+
+def _stopped_step(folder: RunFolder) -> int:
+    return int(re.search(r"after step (\d+)", folder.preempted.read_text()).group(1))
+
+
+@pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
+def test_sigterm_to_the_whole_group_with_loader_workers_checkpoints_and_resumes(tiny_root, tmp_path, distributed):
+    """Slurm's scancel, time limit and preemption signal every process of the job, the DataLoader workers of
+    every rank included: the workers leave the signal to their trainer, which checkpoints and marks the run."""
+    folder = RunFolder(tmp_path / "run")
+    options = dict(size="ci", data_dir=str(tiny_root), model="small_cnn_gn", train_samples=256, test_samples=64,
+                   batch_size=16, workers=2, log_every=1, device="cpu", progress=False, out=str(folder.path))
+    agent = _torchrun(2, to_flags(**options, distributed=distributed, max_steps=400, checkpoint_every=2,
+                                  input_delay_ms=20))
+    _wait_for_checkpoint(agent, folder, "step-*")
+    os.killpg(agent.pid, signal.SIGTERM)
+    output = agent.communicate(timeout=180)[0]
+    assert "killed by signal" not in output, output[-3000:]
+    assert folder.preempted.is_file(), output[-3000:]
+    step = _stopped_step(folder)
+    newest = checkpoint.candidates(folder.checkpoints)[0]
+    assert checkpoint.load(newest)["step"] == step, output[-3000:]
+    resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                              "-m", "course_utils.train", *to_flags(**options, distributed=distributed,
+                                                                    max_steps=step + 2, resume="auto")],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"step {step}" in resumed.stdout + resumed.stderr and folder.read_summary()["steps"] == step + 2
+
+
+LATE_RANK = """import os, sys, time
+if os.environ["RANK"] == "1":
+    time.sleep(1.5)  # this rank starts in a later second than rank 0, as one in four FSDP launches do
+from course_utils.train import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_without_out_every_rank_writes_to_the_one_folder_rank_0_named(tiny_root, tmp_path, monkeypatch):
+    """The default run folder is named from the clock: ranks that start on either side of a second would
+    write their shards to two folders, and the checkpoint would lack a rank's shard."""
+    monkeypatch.setenv(config.RUNS_VARIABLE, str(tmp_path / "runs"))
+    script = tmp_path / "late_rank.py"
+    script.write_text(LATE_RANK)
+    flags = to_flags(size="ci", data_dir=str(tiny_root), model="small_cnn_gn", train_samples=256, test_samples=64,
+                     batch_size=16, workers=0, device="cpu", progress=False, distributed="fsdp", max_steps=2)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script), *flags], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    folders = list((tmp_path / "runs").iterdir())
+    assert len(folders) == 1, folders
+    shards = checkpoint.candidates(RunFolder(folders[0]).checkpoints)[0]
+    assert sorted(path.name for path in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def _options(tiny_root, out, **extra) -> dict:
+    return {"size": "ci", "data_dir": str(tiny_root), "model": "small_cnn_gn", "train_samples": 256,
+            "test_samples": 64, "batch_size": 16, "log_every": 1, "workers": 0, "device": "cpu", "seed": 5,
+            "progress": False, "out": str(out), "distributed": "fsdp", **extra}
+
+
+def _launch(tiny_root, out, **extra) -> LaunchResult:
+    return launch(2, "course_utils.train", *to_flags(**_options(tiny_root, out, **extra)),
+                  log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=False, timeout_seconds=300)
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tiny_root, tmp_path_factory) -> Path:
+    """A finished 2-rank FSDP run with sharded checkpoints at steps 2 and 4; copy it before changing it."""
+    out = tmp_path_factory.mktemp("sharded") / "run"
+    result = _launch(tiny_root, out, max_steps=4, checkpoint_every=2)
+    assert result.ok, "\n".join(result.lines[-30:])
+    return out
+
+
+def _copy(run: Path, tmp_path: Path) -> RunFolder:
+    shutil.copytree(run, tmp_path / "run")
+    (tmp_path / "run" / "summary.json").unlink()  # an unfinished run, to resume
+    return RunFolder(tmp_path / "run")
+
+
+class WritesAFile:
+    """What a forged file would hold: unpickling it runs ``open(path, "w").write(...)``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.path)!r}, 'w').write('this ran')",)
+
+
+def test_a_forged_metadata_file_is_refused_and_never_runs(sharded_run, tiny_root, tmp_path):
+    run = _copy(sharded_run, tmp_path)
+    newest = checkpoint.step_path(run.checkpoints, 4, sharded=True)
+    ran = tmp_path / "ran"
+    (newest / checkpoint.SHARDED_METADATA).write_bytes(pickle.dumps(WritesAFile(ran)))
+    result = _launch(tiny_root, run.path, max_steps=5, resume="auto")
+    lines = "\n".join(result.lines)
+    assert not ran.exists(), "the forged .metadata ran on resume"
+    assert result.ok, lines[-3000:]
+    assert "step-00000004.dcp is not a whole sharded checkpoint: .metadata refers to builtins.exec" in lines
+    assert "resuming from" in lines and "step-00000002.dcp: step 2" in lines
+
+
+def test_a_forged_item_in_a_shard_file_is_refused_and_never_runs(sharded_run, tiny_root, tmp_path):
+    """A shard's non-tensor item (the optimizer's learning rate) replaced by an object whose unpickling writes a
+    file, and the metadata pointed at it, as someone with write access to the run folder could do."""
+    run = _copy(sharded_run, tmp_path)
+    newest = checkpoint.step_path(run.checkpoints, 4, sharded=True)
+    ran = tmp_path / "ran"
+    metadata = shard_files.read_metadata(newest)
+    index, info = next((index, info) for index, info in metadata.storage_data.items()
+                       if index.fqn == "optimizer.param_groups.0.lr")
+    payload = io.BytesIO()
+    torch.save(WritesAFile(ran), payload)
+    shard = newest / info.relative_path
+    offset = shard.stat().st_size
+    with open(shard, "ab") as stream:
+        stream.write(payload.getvalue())
+    metadata.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(payload.getvalue()))
+    (newest / checkpoint.SHARDED_METADATA).write_bytes(pickle.dumps(metadata))
+    named = _launch(tiny_root, run.path, max_steps=5, resume=str(newest))
+    lines = "\n".join(named.lines)
+    assert not ran.exists(), "the forged item ran on resume"
+    assert not named.ok and "its item optimizer.param_groups.0.lr holds objects other than tensors" in lines, lines
+    ranks = [line for line in named.lines if line.startswith("[default")]  # torchrun adds a report of its own
+    assert not any("Traceback" in line for line in ranks), lines[-3000:]
+
+
+def _missing(shard: Path) -> None:
+    shard.unlink()
+
+
+def _truncated(shard: Path) -> None:
+    os.truncate(shard, shard.stat().st_size // 2)
+
+
+def _corrupted(shard: Path) -> None:
+    with open(shard, "r+b") as stream:  # the same length, its first item's header overwritten
+        stream.write(bytes(64))
+
+
+@pytest.mark.parametrize("damage", [_missing, _truncated, _corrupted], ids=["missing", "truncated", "corrupted"])
+def test_a_damaged_shard_is_passed_over_for_the_newest_whole_checkpoint(sharded_run, tiny_root, tmp_path, damage):
+    run = _copy(sharded_run, tmp_path)
+    newest = checkpoint.step_path(run.checkpoints, 4, sharded=True)
+    damage(newest / "__1_0.distcp")
+    result = _launch(tiny_root, run.path, max_steps=5, resume="auto")
+    lines = "\n".join(result.lines)
+    assert result.ok, lines[-3000:]
+    assert "skipped a checkpoint" in lines and "step-00000004.dcp" in lines
+    assert "resuming from" in lines and "step-00000002.dcp: step 2" in lines
+    assert RunFolder(run.path).read_summary()["steps"] == 5
+
+
+def test_a_second_sharded_run_in_a_busy_folder_stops_on_every_rank_before_reading_a_checkpoint(tiny_root, tmp_path):
+    folder = RunFolder(tmp_path / "run")
+    first = _torchrun(2, to_flags(**_options(tiny_root, folder.path, epochs=50, checkpoint_every=2,
+                                             input_delay_ms=20)))
+    try:
+        _wait_for_checkpoint(first, folder, "step-*.dcp")
+        second = _launch(tiny_root, folder.path, epochs=50, resume="auto")
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)  # torchrun passes it on to its ranks, which run in sessions of their own
+        first.communicate(timeout=180)
+    errors = [line for line in second.lines if line.startswith("[default") and "error:" in line]
+    assert not second.ok and len(errors) == 2, "\n".join(second.lines[-30:])
+    assert all("is in use by the run of process" in line for line in errors), "\n".join(errors)
