@@ -122,9 +122,10 @@ def join(timeout_seconds: float = 600, backend: str | None = None, alone: bool =
     return where
 
 
-def leave(together: bool = True) -> None:
-    """Leave the process group cleanly. ``together``: every rank leaves at this point of the run (the end, or a
-    stop they agreed on), and they wait for each other first; an error leaves alone, without waiting.
+def leave(together: bool = False) -> None:
+    """Leave the process group. ``together``: every rank leaves at this point of the run (the end, or a stop they
+    agreed on), and they wait for each other first; without it (an error) this rank leaves at once, without
+    waiting for ranks that may never come.
 
     Why the wait. gloo runs each collective on a worker thread of its own, which frees the collective's tensors
     after the caller has moved on; on PyTorch 2.10 and 2.11, freeing a tensor whose Python object is already gone
@@ -161,9 +162,11 @@ def main() -> int:
         rank_print(f"{where.source}: all-reduce of the ranks gave {value.item():g}, expected {expected:g}: "
                    f"{'ok' if ok else 'WRONG'} (backend {dist.get_backend() if where.distributed else 'none'}, "
                    f"master {where.master_addr}:{where.master_port})", everyone=True)
-        return 0 if ok else 1
-    finally:
+    except BaseException:
         leave()
+        raise
+    leave(together=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
