@@ -8,6 +8,7 @@
 #   VENV_ARGS    extra `python -m venv` arguments, e.g. --system-site-packages inside LUMI's PyTorch
 #                container, so that the venv keeps the container's ROCm torch (jobs/lumi/setup_venv.sh)
 #   PIP_ARGS     extra pip arguments, e.g. --no-deps when torch comes from elsewhere (jobs/lumi/setup_venv.sh)
+#   OLDEST_VENV  the venv of `make test-oldest` (default .venv-oldest)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,12 +20,13 @@ PIP_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup data lab lint bytecode test test-quick tensorboard figures screenshots clean
+.PHONY: help setup data lab lint bytecode test test-quick test-oldest tensorboard figures screenshots clean
 
 help:
 	@echo "make lab          set up .venv, prepare the data for the active size, start JupyterLab"
 	@echo "make test         set up .venv, prepare the ci data, run unit tests and every notebook"
 	@echo "make test-quick   the same set-up, then only the unit tests not marked slow or distributed"
+	@echo "make test-oldest  every notebook and real-process test on the oldest PyTorch the course supports (CI)"
 	@echo "make lint         the linter (ruff, configured in pyproject.toml); make test runs it first"
 	@echo "make setup        only create .venv and install the pinned packages and course_utils"
 	@echo "make data         only prepare the data for the active size (COURSE_SIZE=ci|workshop)"
@@ -73,6 +75,25 @@ test: lint bytecode
 test-quick: lint
 	COURSE_SIZE=ci $(BIN)/python -m data_prep --size ci
 	COURSE_SIZE=ci $(BIN)/python -m pytest -m "not slow and not distributed" tests
+
+# The oldest PyTorch the course supports (src/course_utils/versions.py), with every other pin of pyproject.toml, in a
+# venv of its own: what learners on LUMI's and NGC's containers run. It gets every notebook and every test that
+# starts real processes (torchrun, the training command, Slurm), those marked slow or distributed; the unit tests
+# in between run on the pin only. pip's cache serves the second install of the shared packages.
+OLDEST_VENV ?= .venv-oldest
+OLDEST_STAMP := $(OLDEST_VENV)/.installed
+$(OLDEST_STAMP): pyproject.toml src/course_utils/versions.py jobs/course_requirements.py
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(PYTHON) jobs/course_requirements.py --without torch torchvision >$(OLDEST_VENV)/requirements.txt
+	$(OLDEST_VENV)/bin/python -m pip install -r $(OLDEST_VENV)/requirements.txt \
+		$$($(PYTHON) src/course_utils/versions.py oldest)
+	$(OLDEST_VENV)/bin/python -m pip install --no-deps -e .
+	touch $@
+
+test-oldest: lint bytecode $(OLDEST_STAMP)
+	COURSE_SIZE=ci $(OLDEST_VENV)/bin/python -m data_prep --size ci
+	COURSE_SIZE=ci $(OLDEST_VENV)/bin/python -m pytest -m "slow or distributed" tests
+	COURSE_SIZE=ci $(OLDEST_VENV)/bin/python -m pytest notebooks
 
 tensorboard: setup
 	$(BIN)/tensorboard --logdir $${COURSE_RUNS_DIR:-runs} --host 127.0.0.1 --port $${COURSE_TENSORBOARD_PORT:-6006}

@@ -115,3 +115,35 @@ def test_course_requirements_leave_the_containers_packages_and_constrained_pins_
     assert "numpy" in lines and "jupyterlab" in lines and "pandas==3.1.1" in lines
     assert not any(line.startswith(("torch", "nvidia-dali")) for line in lines)
     assert "numpy==2.4.6" in result.stderr
+
+
+# What LUMI's container maintainers list as a cause of hangs (lumi-ai-factory/laifs-container-recipes #28, #30).
+HANGS_ON_LUMI = ("NCCL_NET_GDR_LEVEL",)
+
+
+def _lumi_environment(tmp_path: Path) -> dict[str, str]:
+    """The variables jobs/lumi/lumi_env.sh leaves set, sourced by bash as a job does (no module command here)."""
+    script = checkout_root() / "jobs" / "lumi" / "lumi_env.sh"
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "USER": "learner", "SLURM_SUBMIT_DIR": str(tmp_path),
+           "SLURM_JOB_ID": f"{os.getpid()}"}
+    printed = subprocess.run(["bash", "-c", f"set -euo pipefail; source {script}; env -0"], env=env,
+                             capture_output=True, text=True, check=True).stdout
+    return dict(entry.split("=", 1) for entry in printed.split("\0") if "=" in entry)
+
+
+def test_the_lumi_environment_sets_nothing_known_to_hang_and_records_what_it_sets(tmp_path):
+    env = _lumi_environment(tmp_path)
+    assert not set(HANGS_ON_LUMI) & set(env), "RCCL finds the GPU-direct level itself (jobs/lumi/SETTINGS.md)"
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3" and env["MIOPEN_USER_DB_PATH"].startswith("/tmp/")
+    settings = (checkout_root() / "jobs" / "lumi" / "SETTINGS.md").read_text()
+    exported = re.findall(r"\b([A-Z][A-Z0-9_]+)=", (checkout_root() / "jobs" / "lumi" / "lumi_env.sh").read_text())
+    unrecorded = {name for name in exported if name in env and not name.startswith("COURSE_")
+                  and f"`{name}" not in settings}
+    assert not unrecorded, f"set by lumi_env.sh but not in jobs/lumi/SETTINGS.md: {unrecorded}"
+
+
+def test_the_readmes_container_is_the_image_the_settings_were_checked_against():
+    readme = (checkout_root() / "README.md").read_text()
+    images = set(re.findall(r"COURSE_CONTAINER=\S*/(lumi-multitorch-full-[\w-]+\.sif)", readme))
+    assert images == {"lumi-multitorch-full-u24r70f21m50t210-20260415_130625.sif"}
+    assert images.pop() in (checkout_root() / "jobs" / "lumi" / "SETTINGS.md").read_text()

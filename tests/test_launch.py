@@ -3,13 +3,14 @@ timeout or an interrupt."""
 
 import os
 import signal
+import subprocess
 import threading
 import time
 
 import psutil
 import pytest
 
-from course_utils.parallel.launch import launch
+from course_utils.parallel.launch import LIMIT_VARIABLE, TIME_LIMITS, launch, running_ranks, time_limit
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # every test here starts torchrun and its ranks
 
@@ -48,7 +49,7 @@ def _assert_all_ended(marker: str, timeout: float = 10.0) -> None:
 def test_timeout_ends_the_whole_group(tmp_path):
     marker = str(tmp_path)
     start = time.monotonic()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match="ran past its limit of 3 s"):
         # timeit with a huge count keeps both ranks busy until they are ended
         launch(2, "timeit", "-n", "1000000000", "pass", log_dir=tmp_path, timeout_seconds=3, echo=False)
     assert time.monotonic() - start < 60
@@ -67,3 +68,29 @@ def test_interrupting_the_cell_ends_the_whole_group(tmp_path):
     finally:
         signal.signal(signal.SIGINT, previous)
     _assert_all_ended(marker)
+
+
+def test_a_launch_without_a_limit_takes_the_course_sizes(monkeypatch):
+    monkeypatch.delenv(LIMIT_VARIABLE, raising=False)
+    monkeypatch.setenv("COURSE_SIZE", "ci")
+    assert time_limit() == TIME_LIMITS["ci"]
+    monkeypatch.setenv(LIMIT_VARIABLE, "90")
+    assert time_limit() == 90
+    monkeypatch.setenv(LIMIT_VARIABLE, "ten minutes")
+    with pytest.raises(ValueError, match="not a number of seconds"):
+        time_limit()
+
+
+def test_the_ranks_still_running_are_named_by_their_rank_and_pid():
+    """What the time limit's error names: torchrun's children that carry RANK, here two real processes of which
+    rank 0 has exited and rank 1 still runs (as a rank that hangs at the end of a run)."""
+    script = "RANK=0 true; RANK=1 sleep 60 & wait"
+    process = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (named := running_ranks(process)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(named) == 1 and named[0].startswith("rank 1 (pid ")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

@@ -41,12 +41,14 @@ if [[ -n "${COURSE_MIOPEN_CACHE:-}" ]]; then
   trap 'cp -a "$MIOPEN_USER_DB_PATH/." "$COURSE_MIOPEN_CACHE/" || true' EXIT
 fi
 
-# RCCL between nodes over Slingshot: its four high-speed interfaces (RCCL must not try the management
-# network), GPU-direct RDMA up to the host bridge (PHB, written 3 in LUMI's pages; the default since
-# ROCm 6.2). The aws-ofi-rccl plugin (libfabric, CXI provider) carries the traffic; LUMI's PyTorch
-# containers have it, and NCCL_DEBUG=INFO shows whether it was used (jobs/lumi/allreduce.sbatch).
+# RCCL between nodes over Slingshot: its four high-speed interfaces for RCCL's own sockets (bootstrap; it
+# must not try the management network). The aws-ofi plugin (libfabric, CXI provider) carries the traffic;
+# LUMI AI Factory's images have it, and NCCL_DEBUG=INFO shows whether it was used (jobs/lumi/allreduce.sbatch).
+# NCCL_NET_GDR_LEVEL is left to RCCL, which finds GPU-direct RDMA from the PCI topology: set to PHB or SYS
+# it makes multi-node jobs hang in the ROCm 7.0 image (LUMI AI Factory's container recipes, open issue #30,
+# seen as an init stuck after "Connected all rings", #28), and LUMI's AI guide dropped it with no loss of
+# speed. Which image each setting here was checked against: jobs/lumi/SETTINGS.md.
 export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
-export NCCL_NET_GDR_LEVEL=PHB
 # libfabric's CXI provider with processes that fork (DataLoader workers), as LUMI's PyTorch page sets them.
 export CXI_FORK_SAFE=1 CXI_FORK_SAFE_HP=1 FI_CXI_DISABLE_CQ_HUGETLB=1
 # One thread per process for PyTorch's CPU work; the 7 cores feed the DataLoader workers.

@@ -58,10 +58,13 @@ import sys
 import torch
 import torchvision
 
+from course_utils import versions
+
 print(f"setup_venv: torch {torch.__version__} (HIP {torch.version.hip}) from {torch.__file__}, "
       f"torchvision {torchvision.__version__}")
 if torch.version.hip is None:
     sys.exit("setup_venv: this torch is not a ROCm build and cannot use LUMI's GPUs; see README, 'On LUMI'")
 if torch.__version__.split("+")[0] != sys.argv[1]:
-    print(f"setup_venv: note: the course pins torch {sys.argv[1]}; this environment has {torch.__version__}")
+    print(f"setup_venv: note: the course pins torch {sys.argv[1]}; this environment has {torch.__version__}: "
+          f"{versions.support_note(torch.__version__)}")
 EOF

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from course_utils import config
+from course_utils import config, versions
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def report(accelerator: Accelerator | None = None) -> str:
     acc = accelerator or detect()
     lines = [
         f"python        {platform.python_version()} on {platform.machine()} ({acc.cpu_count} CPU cores usable)",
-        f"torch         {acc.torch_version}",
+        f"torch         {acc.torch_version}: {versions.support_note(acc.torch_version)}",
     ]
     if not acc.has_gpu:
         mismatch = gpu_mismatch_here()

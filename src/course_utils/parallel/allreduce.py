@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 Path(args.out).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.out).write_text(json.dumps(table.to_dict("records"), indent=1) + "\n")
-        return 0 if (table["wrong"] == 0).all() else 1
-    finally:
+    except BaseException:
         process_group.leave()
+        raise
+    process_group.leave(together=True)
+    return 0 if (table["wrong"] == 0).all() else 1
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
     result.returncode, result.rank_logs[1], result.per_rank   # per_rank: each rank's steps and timings
 
 Every rank's output reaches the cell prefixed with its rank (torchrun's ``--tee``) and is kept per
-rank under ``log_dir``. On failure the tail of each rank's log is printed. Interrupting the cell
-(or passing ``timeout_seconds``) ends the whole process group, so no rank is left behind.
+rank under ``log_dir``. On failure the tail of each rank's log is printed. Interrupting the cell, or
+the time limit (``timeout_seconds``, else the course size's :func:`time_limit`), ends the whole process
+group, so no rank is left behind; the limit's error names the ranks that had not exited.
 """
 
 from __future__ import annotations
@@ -20,10 +21,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import psutil
 
+from course_utils import config
 from course_utils.run_folder import RunFolder
 
 TAIL_LINES = 20
+
+# The longest a launch may run, in seconds, per course size: a rank that never exits (a deadlock at the end of a
+# run) fails the cell with its rank named instead of hanging it. COURSE_LAUNCH_TIMEOUT sets another limit.
+TIME_LIMITS = {"ci": 20 * 60, "workshop": 12 * 3600}
+LIMIT_VARIABLE = "COURSE_LAUNCH_TIMEOUT"
+
+
+def time_limit() -> float:
+    """The time limit of a launch that names none: ``COURSE_LAUNCH_TIMEOUT`` seconds, else the course size's."""
+    value = os.environ.get(LIMIT_VARIABLE)
+    if value:
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{LIMIT_VARIABLE}={value!r} is not a number of seconds; unset it for the course "
+                             f"size's limit ({TIME_LIMITS})") from None
+    return TIME_LIMITS[config.active_size_name()]
 
 
 @dataclass
@@ -72,6 +92,23 @@ def _out_dir(args: tuple[str, ...]) -> Path | None:
     return None
 
 
+def running_ranks(process: subprocess.Popen) -> list[str]:
+    """The ranks under torchrun that are still running, as ``rank R (pid P)``, from each process's ``RANK``."""
+    ranks = []
+    try:
+        children = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return ranks
+    for child in children:
+        try:
+            rank = child.environ().get("RANK")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if rank is not None:
+            ranks.append((int(rank), f"rank {rank} (pid {child.pid})"))
+    return [name for _, name in sorted(ranks)]
+
+
 def _end_group(process: subprocess.Popen, grace_seconds: float = 10.0) -> None:
     """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_seconds``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -101,7 +138,10 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
     ``max_restarts``: when a rank fails, torchrun ends the others and starts them all again, up to
     this many times (with ``--resume auto`` the training continues from its last checkpoint).
     ``env``: variables set for the ranks besides this process's own (``NCCL_DEBUG=INFO``...).
+    ``timeout_seconds``: the time limit (default :func:`time_limit`); past it every rank is ended and a
+    ``TimeoutError`` names those that had not exited.
     """
+    timeout_seconds = time_limit() if timeout_seconds is None else timeout_seconds
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="torchrun-"))
     command = torchrun_command(nproc, module, args, log_dir, max_restarts)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -114,8 +154,11 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
     try:
         result.returncode = process.wait(timeout=timeout_seconds)
     except subprocess.TimeoutExpired:
+        running = running_ranks(process)
         _end_group(process)
-        raise TimeoutError(f"torchrun ran past {timeout_seconds} s; every rank was ended") from None
+        left = f"{', '.join(running)} had not exited" if running else "no rank was running yet"
+        raise TimeoutError(f"torchrun ran past its limit of {timeout_seconds:g} s: {left}; every rank was ended "
+                           f"(their logs are in {log_dir})") from None
     except KeyboardInterrupt:
         _end_group(process)
         raise

@@ -122,10 +122,24 @@ def join(timeout_seconds: float = 600, backend: str | None = None, alone: bool =
     return where
 
 
-def leave() -> None:
-    """Leave the process group cleanly (every rank must call it)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def leave(together: bool = False) -> None:
+    """Leave the process group. ``together``: every rank leaves at this point of the run (the end, or a stop they
+    agreed on), and they wait for each other first; without it (an error) this rank leaves at once, without
+    waiting for ranks that may never come.
+
+    Why the wait. gloo runs each collective on a worker thread of its own, which frees the collective's tensors
+    after the caller has moved on; on PyTorch 2.10 and 2.11, freeing a tensor whose Python object is already gone
+    takes Python's GIL. The group's destructor joins those threads while the caller holds the GIL: if it came
+    right after a collective (the summary's all-gather ends every run), the worker waited for the GIL and the
+    destructor for the worker, and the rank never exited. ``barrier`` waits without the GIL, until every rank
+    has finished every collective and the worker threads have freed what they held; then the group goes here,
+    not later wherever DDP's reducer (which holds the group too) happens to be freed: drop the DDP wrapper before.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if together and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def rank_print(*values: object, everyone: bool = False) -> None:
@@ -148,9 +162,11 @@ def main() -> int:
         rank_print(f"{where.source}: all-reduce of the ranks gave {value.item():g}, expected {expected:g}: "
                    f"{'ok' if ok else 'WRONG'} (backend {dist.get_backend() if where.distributed else 'none'}, "
                    f"master {where.master_addr}:{where.master_port})", everyone=True)
-        return 0 if ok else 1
-    finally:
+    except BaseException:
         leave()
+        raise
+    leave(together=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

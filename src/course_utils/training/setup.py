@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import random
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from course_utils.parallel.wrappers import ONE_PROCESS_PER_DEVICE, SHARDED_MODES
 from course_utils.training import models
 from course_utils.training.activation_checkpointing import checkpoint_blocks
 from course_utils.training.options import AMP_DTYPES, TrainOptions
+from course_utils.training.preemption import Preempted
 
 
 def _pick_device(name: str) -> torch.device:
@@ -143,9 +145,13 @@ class Setup:
     def __enter__(self) -> Setup:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self.loaders.close()
-        process_group.leave()
+        # DDP's reducer holds the process group: without the wrapper, the group ends inside leave(), after its
+        # barrier, instead of whenever the wrapper is freed (see process_group.leave).
+        self.wrapped = self.step_model = self.model
+        gc.collect()
+        process_group.leave(together=kind is None or issubclass(kind, Preempted))
 
     def forward_loss(self, images: torch.Tensor | list, targets: torch.Tensor | list) -> torch.Tensor:
         """The loss of one batch: a classifier's cross-entropy, or the sum of a detector's losses (torchvision's
