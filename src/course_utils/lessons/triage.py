@@ -1,4 +1,4 @@
-"""Is a run input-bound or compute-bound? Three throughputs and a one-line verdict (notebook 04).
+"""Notebook 04: is a run input-bound or compute-bound? Three throughputs and a one-line verdict.
 
 In the spirit of NVIDIA's benchy, without its limits (it needs CUDA and exits the process):
 
