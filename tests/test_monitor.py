@@ -172,7 +172,7 @@ def test_the_power_answer_on_a_secondary_gcd_says_where_its_power_went():
                           "power_watts": reading.power_watts, "power_limit_watts": reading.power_limit_watts,
                           "power_note": reading.power_note}])
     text = monitoring.utilization_vs_power(rows)
-    assert "second GCD of its MI250X module" in text and "about 300 W" in text and "560 W" in text
+    assert "second GCD of its MI250X module" in text and "about **300 W**" in text and "**560 W**" in text
     assert "machine without a GPU" in monitoring.utilization_vs_power(rows.assign(power_note=""))
 
 
