@@ -123,3 +123,13 @@ def test_gpu_results_are_cited_only_where_a_gpu_recorded_them(tmp_path, monkeypa
 def test_the_zero_grad_check_names_what_the_step_does(order, done):
     check = baseline.check_zero_grad(baseline._reference_step(order))
     assert check.done == done and baseline.BEHAVIOURS[order] in check.text
+
+
+def test_training_faster_than_the_model_alone_is_a_disturbed_measurement():
+    from course_utils.lessons import data_loading
+
+    table = pd.DataFrame([{"loader": "torch", "io": 3443.0, "synthetic": 37.7, "full": 46.0,
+                           "full_over_synthetic": 1.22, "loading_us_per_image": -4790.7, "verdict": "compute-bound"}])
+    text = data_loading.loaders_answer(table, {"workers": 2})
+    assert "**disturbed measurement**" in text and "122%" in text
+    assert "-4791" not in text and "compute-bound" not in text

@@ -40,7 +40,7 @@ def _first_iterations(its: list[float], skip: int) -> str:
                f"({ratio:.1f}x; single steady iterations spread by {spread_text(spread)})")
     if ratio < 1 and measurable(ratio, spread):
         return (f"{figures}: the start measured *faster* than the steady state, which cannot be: the first "
-                f"iterations do the same work plus the one-time costs. A **disturbed measurement** ({DISTURBED}); "
+                f"iterations do the same work plus the one-time costs. A **disturbed measurement**. {DISTURBED}; "
                 "run the cell again.")
     if not measurable(ratio, spread):
         return f"{figures}: **no measurable difference** here; the one-time costs are smaller than the noise."
@@ -59,8 +59,8 @@ def _epochs(run: Run, steady: float) -> list[str]:
                  "three epochs or more."]
     elif ratio < 1 and measurable(ratio, spread):
         lines = [f"{figures}: the first measured *faster* than the rest, which cannot be, since it does the same "
-                 f"work plus the warm-up. A **disturbed measurement** ({DISTURBED}): the later epochs were slowed "
-                 "by something outside the run. Train again before reading anything into it."]
+                 f"work plus the warm-up. A **disturbed measurement**: the later epochs were slowed by something "
+                 f"outside the run. {DISTURBED}. Train again before reading anything into it."]
     elif measurable(ratio, spread):
         lines = [f"{figures}: the first was **slower**. Warm-up cost about **{epochs[0] - later:.2f} s** once, "
                  f"while one epoch costs {later:.2f} s every time: measure speed after warm-up, never from the "

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from course_utils import config, devices
 from course_utils.data.datasets import SyntheticImages
 from course_utils.lessons.exercises import Check
+from course_utils.lessons.noise import DISTURBED
 from course_utils.lessons.triage import BALANCE, loading_cost_us, triage
 from course_utils.observe.profiling import NO_RANGES
 from course_utils.training.options import TrainOptions
@@ -171,6 +172,12 @@ def loaders_answer(comparison: pd.DataFrame, best_setting: dict) -> str:
     for row in comparison.itertuples():
         if str(row.verdict).startswith("not available"):
             lines.append(f"- **{row.loader}**: {row.verdict}")
+            continue
+        if row.full_over_synthetic > 1 + BALANCE:
+            lines.append(f"- **{row.loader}**: a **disturbed measurement**: training with the loader measured "
+                         f"{row.full_over_synthetic:.0%} of the model alone ({row.full:.0f} vs {row.synthetic:.0f} "
+                         f"images/s), which cannot be, since it does the model's work and more. {DISTURBED}; "
+                         "run the cell again.")
             continue
         line = (f"- **{row.loader}**: {row.verdict}; the loader alone delivers {row.io:.0f} images/s against "
                 f"the model's {row.synthetic:.0f}, and training reaches **{row.full_over_synthetic:.0%}** of "

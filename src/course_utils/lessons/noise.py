@@ -12,8 +12,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
-DISTURBED = ("another program took the processor, its clock changed speed, or the run was too short "
-             "to average over them")
+DISTURBED = ("Likely cause: another program took the processor, its clock changed speed, or the run was too "
+             "short to average over them")
 
 
 def relative_spread(samples: Sequence[float]) -> float:
