@@ -16,7 +16,7 @@ import pandas as pd
 
 from course_utils import config
 from course_utils.devices import default_device, device_name
-from course_utils.lessons import loader_study, reference, triage
+from course_utils.lessons import data_loading, reference, triage
 
 RATES = ["io", "synthetic", "full"]
 KNOBS = ["workers", "pin_memory", "persistent_workers", "prefetch_factor"]
@@ -50,11 +50,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="triage rounds per loader (default 3)")
     rounds = parser.parse_args().rounds
     size = config.get_size()
-    sweep = median_sweep(pd.concat([loader_study.loader_sweep(size.loader_workers) for _ in range(rounds)]))
+    sweep = median_sweep(pd.concat([data_loading.loader_sweep(data_loading.loader_workers()) for _ in range(rounds)]))
     print(sweep.round(1).to_string())
-    setting = loader_study.recommend(sweep)
+    setting = data_loading.recommend(sweep)
     print(f"recommended DataLoader setting: {setting}")
-    table = summarize(pd.concat([loader_study.compare_loaders(steps=size.sweep_steps * 10, **setting)
+    table = summarize(pd.concat([data_loading.compare_loaders(steps=data_loading.triage_steps() * 2, **setting)
                                  for _ in range(rounds)]))
     print(table.round(3).to_string())
     rows = [{"size": size.name, "model": size.model, "batch_size": size.batch_size, **setting, **row}

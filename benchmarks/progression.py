@@ -18,7 +18,7 @@ import pandas as pd
 from course_utils import config
 from course_utils.devices import default_device, device_name
 from course_utils.lessons import reference
-from course_utils.lessons.progression import run_progression
+from course_utils.lessons.precision import run_progression, stage_epochs
 
 
 def summarize(rounds: list[pd.DataFrame]) -> pd.DataFrame:
@@ -38,7 +38,7 @@ def main() -> None:
     rounds = parser.parse_args().rounds
     size = config.get_size()
     with tempfile.TemporaryDirectory() as out:
-        table = summarize([run_progression(Path(out) / str(r), epochs=size.progression_epochs, progress=False)
+        table = summarize([run_progression(Path(out) / str(r), epochs=stage_epochs(), progress=False)
                            for r in range(rounds)])
     print(table.round(3).to_string())
     rows = [{"size": size.name, "model": size.model, "batch_size": size.batch_size, **row}

@@ -1,6 +1,6 @@
 """Record notebook 02's model x batch-size sweep on this machine, for the notebook's reference table.
 
-    COURSE_SIZE=workshop python benchmarks/sweep.py   # on a GPU: ResNet-18/50/152, batch 64 to 16384
+    COURSE_SIZE=workshop python benchmarks/sweep.py   # on a GPU: ResNet-18/50/152, batch 32 to 2048
 """
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ from __future__ import annotations
 from course_utils import config
 from course_utils.devices import default_device, device_name
 from course_utils.lessons import reference
-from course_utils.lessons.sweep import sweep
+from course_utils.lessons.monitoring import sweep, sweep_size
 
 
 def main() -> None:
     size = config.get_size()
-    results = sweep(size.sweep_models, size.sweep_batch_sizes, steps=size.sweep_steps,
-                    image_size=size.sweep_image_size)
+    knobs = sweep_size()
+    results = sweep(knobs.models, knobs.batch_sizes, steps=knobs.steps, rounds=knobs.rounds,
+                    image_size=knobs.image_size)
     print(results.round(1).to_string())
     rows = [{"size": size.name, **row} for row in results.to_dict("records")]
     print(f"recorded in {reference.record('sweep', rows, device_name(default_device()), reference.SYNTHETIC)}")

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from course_utils.lessons import triage as triage_command
-from course_utils.lessons.loader_study import recommend
+from course_utils.lessons.data_loading import recommend
 from course_utils.lessons.triage import VERDICTS, judge, triage
 
 

@@ -32,10 +32,10 @@ def test_mfu_is_achieved_over_peak_and_absent_where_the_peak_is_unknown():
 
 
 def test_the_answer_reads_mfu_where_there_is_a_peak_and_says_why_not_elsewhere():
-    from course_utils.lessons import answers
+    from course_utils.lessons import baseline
 
     summary = {"training_flops_per_image": 24.3e9, "images_per_second": 2000.0, "device": "NVIDIA A100-SXM4-40GB",
                "mfu": 2000 * 24.3e9 / 156e12, "peak_tflops": 156.0, "peak_source": "NVIDIA A100 datasheet"}
-    assert "**48.6 TFLOP/s** achieved, **31%** of the 156 TFLOP/s dense peak" in answers.work_and_peak(summary)
-    cpu = answers.work_and_peak({**summary, "device": "CPU", "mfu": None})
+    assert "**48.6 TFLOP/s** achieved, **31%** of the 156 TFLOP/s dense peak" in baseline.work_and_peak(summary)
+    cpu = baseline.work_and_peak({**summary, "device": "CPU", "mfu": None})
     assert "no MFU here: the peak of CPU is not in the course's table" in cpu

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from course_utils.lessons import answers
+from course_utils.lessons import monitoring
 from course_utils.observe.monitor import (
     BackendUnavailable,
     Monitor,
@@ -171,9 +171,9 @@ def test_the_power_answer_on_a_secondary_gcd_says_where_its_power_went():
     rows = pd.DataFrame([{"status": "ok", "model": "resnet18", "batch_size": 256, "utilization_percent": 91.0,
                           "power_watts": reading.power_watts, "power_limit_watts": reading.power_limit_watts,
                           "power_note": reading.power_note}])
-    text = answers.utilization_vs_power(rows)
-    assert "second GCD of its MI250X module" in text and "about 300 W" in text and "560 W" in text
-    assert "machine without a GPU" in answers.utilization_vs_power(rows.assign(power_note=""))
+    text = monitoring.utilization_vs_power(rows)
+    assert "second GCD of its MI250X module" in text and "about **300 W**" in text and "**560 W**" in text
+    assert "machine without a GPU" in monitoring.utilization_vs_power(rows.assign(power_note=""))
 
 
 
@@ -189,11 +189,11 @@ def _samples(utilization_by_phase: list[tuple[str, float]], per_phase: int = 4) 
 
 
 def test_the_timeline_is_read_from_the_samples_not_asserted():
-    dropped = answers.timeline_reading(_samples([("epoch 1", 95), ("eval 1", 40), ("epoch 2", 96), ("eval 2", 42)]))
+    dropped = monitoring.timeline_reading(_samples([("epoch 1", 95), ("eval 1", 40), ("epoch 2", 96), ("eval 2", 42)]))
     assert "**96 %** while training and **41 %** in evaluation: evaluation is smaller work" in dropped
-    level = answers.timeline_reading(_samples([("epoch 1", 90), ("eval 1", 92)]))
+    level = monitoring.timeline_reading(_samples([("epoch 1", 90), ("eval 1", 92)]))
     assert "kept the device about as busy" in level
-    assert "Too few samples" in answers.timeline_reading(_samples([("epoch 1", 90)]))
+    assert "Too few samples" in monitoring.timeline_reading(_samples([("epoch 1", 90)]))
 
 
 def test_phase_labels_of_short_phases_do_not_print_over_each_other():

@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 import torch
 
-from course_utils.lessons import answers, progression
-from course_utils.lessons.progression import STAGES, unavailable
+from course_utils.lessons import precision
+from course_utils.lessons.precision import STAGES, unavailable
 from course_utils.observe.metrics import load_run
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
@@ -47,7 +47,7 @@ def test_half_precision_stage_on_cpu_is_kept_only_when_not_much_slower(monkeypat
     """The probe's verdict from rates set here (fp32 at 1000 images/s), whatever this CPU is: 2.5x slower is
     within SLOWDOWN_LIMIT and still worth showing, 10x is not."""
     rates = {"off": 1000.0, amp: half_rate}
-    monkeypatch.setattr(progression, "measure_setting",
+    monkeypatch.setattr(precision, "measure_setting",
                         lambda model, batch_size, amp, **options: {"images_per_second": rates[amp]})
     reason = unavailable(HALF_PRECISION_STAGES[amp], CPU, "small_cnn")
     if slowdown is None:
@@ -60,17 +60,17 @@ def test_half_precision_stage_on_cpu_is_kept_only_when_not_much_slower(monkeypat
 def test_half_precision_probe_on_this_cpu_decides_from_what_it_measured(monkeypatch):
     """The real probe: it times fp32 and bf16 steps on this CPU, and its verdict follows those two rates."""
     measured = {}
-    real = progression.measure_setting
+    real = precision.measure_setting
 
     def recording(model, batch_size, amp, **options):
         row = real(model, batch_size, amp=amp, **options)
         measured[amp] = row["images_per_second"]
         return row
 
-    monkeypatch.setattr(progression, "measure_setting", recording)
+    monkeypatch.setattr(precision, "measure_setting", recording)
     reason = unavailable(HALF_PRECISION_STAGES["bf16"], CPU, "small_cnn")
     assert set(measured) == {"off", "bf16"} and min(measured.values()) > 0, measured
-    if measured["bf16"] * progression.SLOWDOWN_LIMIT < measured["off"]:
+    if measured["bf16"] * precision.SLOWDOWN_LIMIT < measured["off"]:
         assert reason is not None and f"({measured['bf16']:.0f} vs {measured['off']:.0f} images/s" in reason
     else:
         assert reason is None, reason
@@ -99,17 +99,41 @@ def _progression(losses: list[float], top1: list[float], first: list[float]) -> 
 
 
 def test_same_training_is_read_from_the_measured_spread_not_asserted():
-    same = answers.progression_answer(_progression([2.00, 2.02, 1.99, 2.03], [40.0, 41.0, 39.5, 40.5],
-                                                   [0.5, 0.5, 0.6, 9.4]))
+    same = precision.progression_answer(_progression([2.00, 2.02, 1.99, 2.03], [40.0, 41.0, 39.5, 40.5],
+                                                   [0.5, 0.5, 0.6, 9.4]), 0.05)
     assert "Same training? Yes" in same and "about **8.8 s** of it is compilation" in same
-    apart = answers.progression_answer(_progression([2.00, 2.02, 2.60, 2.03], [40.0, 41.0, 30.0, 40.5],
-                                                    [0.5, 0.5, 0.6, 9.4]))
+    apart = precision.progression_answer(_progression([2.00, 2.02, 2.60, 2.03], [40.0, 41.0, 30.0, 40.5],
+                                                    [0.5, 0.5, 0.6, 9.4]), 0.05)
     assert "Same training? Not shown" in apart and "furthest is **+ fused optimizer**" in apart
 
 
 def test_energy_per_image_is_read_where_power_was_measured_and_its_absence_said():
-    unmeasured = answers.progression_answer(_progression([2.0] * 4, [40.0] * 4, [0.5] * 4))
+    unmeasured = precision.progression_answer(_progression([2.0] * 4, [40.0] * 4, [0.5] * 4), 0.05)
     assert "**Energy**: not measured here: this device reports no power" in unmeasured
     measured = _progression([2.0] * 4, [40.0] * 4, [0.5] * 4).assign(joules_per_image=[0.8, 0.75, 0.7, 0.5])
     assert "**0.500 J** per image at the fastest stage against **0.800 J** in fp32 (1.60x less)" in \
-        answers.progression_answer(measured)
+        precision.progression_answer(measured, 0.05)
+
+
+def test_a_stage_inside_the_measured_spread_is_no_measurable_difference():
+    """Stages 10 % apart on a machine whose repeated timings spread by 30 % are not ranked."""
+    noisy = precision.progression_answer(_progression([2.0] * 4, [40.0] * 4, [0.5] * 4), 0.30)
+    assert "**+ channels_last**: no measurable difference from the stage before (1.10x)" in noisy
+    assert "**+ torch.compile**: 1.39x the stage before" in noisy
+    assert "Fastest: **+ torch.compile** at **1.60x**" in noisy
+    flat = _progression([2.0] * 4, [40.0] * 4, [0.5] * 4).assign(images_per_second=[100.0, 104.0, 97.0, 108.0],
+                                                                speedup=[1.0, 1.04, 0.97, 1.08])
+    assert "No stage is measurably faster than the fp32 baseline" in precision.progression_answer(flat, 0.10)
+
+
+def test_the_underflow_check_tells_a_scaled_backward_pass_from_an_unscaled_one():
+    def unscaled(model, images, labels):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(images.device.type, dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        return [parameter.grad for parameter in model.parameters()]
+
+    assert not precision.check_underflow(precision.scaled_fp16_gradients).done
+    dropped = precision.check_underflow(unscaled)
+    assert dropped.done and "underflowed" in str(dropped)

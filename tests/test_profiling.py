@@ -7,7 +7,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from course_utils.lessons import answers
+from course_utils.lessons import profiling as lesson
 from course_utils.observe.profiling import PHASES, Ranges, TraceSchedule, phase_split, read_tables, top_operators
 from course_utils.train import train
 
@@ -70,14 +70,14 @@ def _gpu_phases(host: list[float], device: list[float]) -> pd.DataFrame:
 
 def test_an_input_bound_gpu_run_is_caught_on_the_host_clock():
     """Waiting for a batch launches no kernel: the device clock shows compute, the host clock the wait."""
-    text = answers.phase_answer(_gpu_phases([70, 10, 15, 5], [0.5, 33, 62, 4.5]), "cuda")
+    text = lesson.phase_answer(_gpu_phases([70, 10, 15, 5], [0.5, 33, 62, 4.5]), "cuda")
     assert "largest phase on the host clock is `data`" in text and "Device clock" in text
 
 
 def test_a_compute_bound_gpu_run_reads_the_device_clock():
-    text = answers.phase_answer(_gpu_phases([5, 20, 60, 15], [0.5, 33, 62, 4.5]), "cuda")
+    text = lesson.phase_answer(_gpu_phases([5, 20, 60, 15], [0.5, 33, 62, 4.5]), "cuda")
     assert "largest phase on the device clock is `backward`" in text
-    cpu = answers.phase_answer(_gpu_phases([5, 20, 60, 15], [float("nan")] * 4), "cpu")
+    cpu = lesson.phase_answer(_gpu_phases([5, 20, 60, 15], [float("nan")] * 4), "cpu")
     assert "Device clock" not in cpu and "largest phase on the host clock is `backward`" in cpu
 
 

@@ -91,6 +91,63 @@ def test_each_module_says_what_it_is_for_and_which_notebooks_use_it(module):
     assert "notebook" in opening.lower(), f"{module}'s docstring opens without naming the notebooks that use it"
 
 
+NOTEBOOKS = sorted((PACKAGE.parents[1] / "notebooks").glob("[0-9]*.ipynb"))
+LESSONS = "course_utils.lessons"
+
+
+def _lessons_imported(notebook: Path) -> set[str]:
+    """The lessons modules a notebook's code cells import (its magics and shell lines left out)."""
+    cells = json.loads(notebook.read_text())["cells"]
+    code = "\n".join(line for cell in cells if cell["cell_type"] == "code"
+                     for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith(("%", "!")))
+    found = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and node.module == LESSONS:
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(LESSONS + "."):
+            found.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[2] for alias in node.names if alias.name.startswith(LESSONS + "."))
+    return found
+
+
+def _named_notebooks(first_line: str) -> set[str]:
+    """The notebooks a first line names before its colon: "Notebook 01: ...", "Notebooks 06, 07 and 10: ...",
+    or none in "No notebook: ..."."""
+    names, colon, _ = first_line.partition(":")
+    assert colon and re.fullmatch(r"(No notebook|Notebooks? \d\d((, \d\d)* and \d\d)?)", names), (
+        f"the first line {first_line!r} does not open with 'Notebook NN:', 'Notebooks NN, NN and NN:' or "
+        "'No notebook:'")
+    return set(re.findall(r"\d\d", names))
+
+
+def test_the_notebook_parser_reads_every_form_of_import(tmp_path):
+    notebook = tmp_path / "01_x.ipynb"
+    notebook.write_text(json.dumps({"cells": [
+        {"cell_type": "code", "source": ["%matplotlib inline\n", "from course_utils.lessons import baseline, noise\n"]},
+        {"cell_type": "markdown", "source": ["from course_utils.lessons import reference"]},
+        {"cell_type": "code", "source": ["from course_utils.lessons.monitoring import sweep\n",
+                                         "import course_utils.lessons.precision as p"]}]}))
+    assert _lessons_imported(notebook) == {"baseline", "noise", "monitoring", "precision"}
+    assert _named_notebooks("Notebooks 06, 07 and 10: the runs") == {"06", "07", "10"}
+    assert _named_notebooks("No notebook: shared") == set()
+    with pytest.raises(AssertionError, match="does not open with"):
+        _named_notebooks("The figures of notebooks 00-09.")
+
+
+LESSON_MODULES = sorted(name for name in _modules() if name.startswith(LESSONS + "."))
+
+
+@pytest.mark.parametrize("module", LESSON_MODULES)
+def test_each_lessons_module_names_exactly_the_notebooks_that_import_it(module):
+    short = module.rsplit(".", 1)[1]
+    importing = {notebook.name[:2] for notebook in NOTEBOOKS if short in _lessons_imported(notebook)}
+    first_line = ast.get_docstring(_modules()[module]).splitlines()[0]
+    assert _named_notebooks(first_line) == importing, (
+        f"{module}'s first line names notebooks {sorted(_named_notebooks(first_line))}, but "
+        f"{sorted(importing) or 'no notebook'} import it: {first_line!r}")
+
+
 def test_a_notebook_shows_the_code_that_ran_not_a_copy(tmp_path):
     from course_utils.notebook import show_code
     from course_utils.training.step import train_step
@@ -101,9 +158,6 @@ def test_a_notebook_shows_the_code_that_ran_not_a_copy(tmp_path):
     assert "**course_utils.training.step.train_step**" in text
     assert "setup.scaler.scale(loss).backward()" in text and text.count("```python") == 1
     assert f"**{script}**\n\n```bash\n#!/bin/bash\n#SBATCH --nodes=2" in text
-
-
-NOTEBOOKS = sorted((PACKAGE.parents[1] / "notebooks").glob("[0-9]*.ipynb"))
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)

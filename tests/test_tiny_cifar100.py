@@ -143,7 +143,7 @@ def test_the_sums_are_those_of_the_files_the_parameters_make(tmp_path):
 
 
 def test_the_sample_grid_says_the_ci_images_are_generated_patterns(tiny_root):
-    from course_utils.lessons import plots
+    from course_utils.lessons import environment
 
-    figure = plots.sample_grid(VerifiedCIFAR100(tiny_root, train=True))
+    figure = environment.sample_grid(VerifiedCIFAR100(tiny_root, train=True))
     assert "generated CIFAR-100" in figure._suptitle.get_text() and "not photographs" in figure._suptitle.get_text()

@@ -36,12 +36,6 @@ class Size:
     log_every: int
     image_size: int
     generated_data: bool  # True: tiny data made by data_prep, False: the official archive
-    sweep_models: tuple[str, ...]  # notebook 02's model x batch-size sweep
-    sweep_batch_sizes: tuple[int, ...]
-    sweep_image_size: int  # workshop: 224 px, so that the LUMI workshop's set-up (ResNet-152, batch 128) is a row
-    sweep_steps: int
-    progression_epochs: int  # notebook 05: epochs each precision/compilation stage trains
-    loader_workers: tuple[int, ...]  # notebook 04: worker counts of the DataLoader sweep
     parallel_steps: int  # notebooks 06-08: iterations of each throughput measurement
     scaling_ranks: tuple[int, ...]  # notebook 08: process counts of the scaling study (capped by the devices)
     allreduce_max_bytes: int  # notebook 08: the largest all-reduce of the bandwidth sweep
@@ -81,12 +75,6 @@ SIZES: dict[str, Size] = {
         log_every=5,
         image_size=32,
         generated_data=True,
-        sweep_models=("small_cnn", "resnet18"),
-        sweep_batch_sizes=(16, 64),
-        sweep_image_size=32,
-        sweep_steps=4,
-        progression_epochs=1,
-        loader_workers=(2,),
         parallel_steps=12,
         scaling_ranks=(1, 2),
         allreduce_max_bytes=2**22,
@@ -110,12 +98,6 @@ SIZES: dict[str, Size] = {
         log_every=20,
         image_size=32,
         generated_data=False,
-        sweep_models=("resnet18", "resnet50", "resnet152"),
-        sweep_batch_sizes=(32, 128, 512, 2048),
-        sweep_image_size=224,
-        sweep_steps=20,
-        progression_epochs=3,
-        loader_workers=(1, 2, 4, 7),
         parallel_steps=200,
         scaling_ranks=(1, 2, 4, 8),
         allreduce_max_bytes=2**30,

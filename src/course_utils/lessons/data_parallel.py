@@ -1,4 +1,5 @@
-"""The measured comparisons of data parallelism (notebooks 06-08): each one trains for real and returns a table.
+"""Notebooks 06, 07, 08, 09 and 10: the measured comparisons of data parallelism; each one trains for real and
+returns a table.
 
 Single-process runs happen in this process; DDP runs start torchrun through :mod:`course_utils.parallel.launch`, so
 a notebook cell shows their output as it comes. On a machine without GPUs, "devices" are CPU

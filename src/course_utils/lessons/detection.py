@@ -1,4 +1,4 @@
-"""Notebook 10, the capstone: a cluster team's Detectron2 study of Faster R-CNN R50-FPN on COCO, redone with
+"""Notebook 10: the capstone, a cluster team's Detectron2 study of Faster R-CNN R50-FPN on COCO, redone with
 the course's tools, and their numbers beside the learner's.
 
 The team trained the 1x schedule (90,000 iterations of 16 images) on an HGX A100 node with 1, 2 and

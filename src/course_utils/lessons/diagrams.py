@@ -1,4 +1,4 @@
-"""The diagrams of the lessons, drawn by code (notebooks 06, 07, 08 and 09 show them):
+"""No notebook: the diagrams of the lessons, drawn by code into img/ (notebooks 06, 07, 08 and 09 show them):
 DataParallel against DDP, the ring all-reduce, a LUMI-G node, FSDP's sharding.
 
 ``make figures`` (``python -m course_utils.lessons.diagrams img``) writes them as PNG files; the same code

@@ -1,4 +1,4 @@
-"""The memory ladder of notebook 09: one process, DDP, FSDP, FSDP with activation checkpointing, FSDP with
+"""Notebook 09: the memory ladder, one process, DDP, FSDP, FSDP with activation checkpointing, FSDP with
 offload, each trained for real and its memory per rank measured by kind; and the rule of thumb beside it.
 
 Every rung trains the same model at the same per-rank batch for the same steps, on the devices

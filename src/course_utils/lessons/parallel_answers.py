@@ -1,4 +1,5 @@
-"""Answer cells of notebooks 06-09 (data parallelism, scaling, sharding), written from the tables just measured."""
+"""Notebooks 06, 07, 08 and 09: answer cells of data parallelism, scaling and sharding, written from the tables
+just measured."""
 
 from __future__ import annotations
 

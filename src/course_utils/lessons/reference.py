@@ -1,5 +1,5 @@
-"""Numbers measured on real machines, recorded under ``benchmarks/results/``, for comparison (notebooks
-01-02 and 04-08; the benchmarks record them).
+"""Notebooks 01, 02, 04, 05, 06, 07, 08, 09 and 10: numbers measured on real machines, recorded under
+``benchmarks/results/`` by the benchmarks, for comparison.
 
 Each result file is JSON with at least ``benchmark``, ``device``, ``date``, ``versions``, ``data`` (what
 the runs trained on: the official set, a generated stand-in of it, or synthetic tensors) and ``rows`` (a
@@ -39,6 +39,23 @@ def table(benchmark: str) -> pd.DataFrame:
                          "date": result["date"], "torch": result["versions"].get("torch", ""),
                          "data": result.get("data", "not recorded"), **row})
     return pd.DataFrame(rows)
+
+
+def gpu_rows(benchmark: str) -> pd.DataFrame:
+    """The recorded rows of ``benchmark`` measured on a GPU (their device is not the CPU): what a lesson may
+    cite as GPU results, and only these."""
+    rows = table(benchmark)
+    return rows[rows["device"] != "CPU"] if not rows.empty else rows
+
+
+def gpu_note(benchmark: str) -> str:
+    """Markdown: how many GPU rows of ``benchmark`` are recorded, or that none are and how to record them."""
+    rows = gpu_rows(benchmark)
+    if rows.empty:
+        return (f"No GPU result of `{benchmark}` is recorded in `benchmarks/results/` yet: on a GPU, "
+                f"`python benchmarks/{benchmark}.py` records one there (with its device, versions and date).")
+    devices = ", ".join(sorted(rows["device"].unique()))
+    return f"Recorded on GPUs in `benchmarks/results/`: {len(rows)} rows of `{benchmark}` ({devices})."
 
 
 def _cpu_model() -> str:

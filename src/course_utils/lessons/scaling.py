@@ -1,4 +1,4 @@
-"""Strong and weak scaling: the same training at 1..N ranks, with speed-up and efficiency (notebook 08).
+"""Notebook 08: strong and weak scaling, the same training at 1..N ranks, with speed-up and efficiency.
 
 Strong scaling keeps the global batch and splits it over more ranks (each does less work per
 step); weak scaling keeps the batch per rank (the global batch grows with the ranks). Ideal is a

@@ -1,4 +1,4 @@
-"""Is a run input-bound or compute-bound? Three throughputs and a one-line verdict (notebook 04).
+"""Notebook 04: is a run input-bound or compute-bound? Three throughputs and a one-line verdict.
 
 In the spirit of NVIDIA's benchy, without its limits (it needs CUDA and exits the process):
 
@@ -14,7 +14,7 @@ the model for the same cores). FULL shows what training actually gets.
 
     python -m course_utils.lessons.triage [train flags] [--steps 30] [--warmup 5] [--json]
 
-:mod:`course_utils.lessons.loader_study` sweeps the DataLoader's knobs and compares the loaders
+:mod:`course_utils.lessons.data_loading` sweeps the DataLoader's knobs and compares the loaders
 through the same triage.
 """
 

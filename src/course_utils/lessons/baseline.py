@@ -1,0 +1,213 @@
+"""Notebook 01: the baseline's figures, the answer to "why is the first epoch slower?" read against the
+measured spread, and the check of the exercise on the learner's training step.
+
+The learner's own loop (model, data, optimizer, the timed loop) lives in the notebook's cells; this module
+holds what reads its measurements and the course's run.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Callable
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+from course_utils.lessons.exercises import Check, fixed_batches, tiny_cnn
+from course_utils.lessons.noise import DISTURBED, measurable, relative_spread, spread_text
+from course_utils.observe.clocks import steady_median
+from course_utils.observe.metrics import Run
+
+
+def _iteration_spread(seconds: list[float]) -> float:
+    """The spread of single steady iterations: the 10th to the 90th percentile, over the median."""
+    if len(seconds) < 10:
+        return relative_spread(seconds)
+    deciles = statistics.quantiles(seconds, n=10)
+    return (deciles[-1] - deciles[0]) / statistics.median(seconds)
+
+
+def _first_iterations(its: list[float], skip: int) -> str:
+    steady = steady_median(its, skip)
+    spread = _iteration_spread(its[skip:])
+    first_mean = statistics.mean(its[:5])
+    ratio = first_mean / steady
+    figures = (f"- The very first iteration took **{its[0] * 1000:.0f} ms**; the first five averaged "
+               f"**{first_mean * 1000:.0f} ms**, against a steady-state median of **{steady * 1000:.1f} ms** "
+               f"({ratio:.1f}x; single steady iterations spread by {spread_text(spread)})")
+    if ratio < 1 and measurable(ratio, spread):
+        return (f"{figures}: the start measured *faster* than the steady state, which cannot be: the first "
+                f"iterations do the same work plus the one-time costs. A **disturbed measurement**. {DISTURBED}; "
+                "run the cell again.")
+    if not measurable(ratio, spread):
+        return f"{figures}: **no measurable difference** here; the one-time costs are smaller than the noise."
+    return f"{figures}: the one-time costs land there."
+
+
+def _epochs(run: Run, steady: float) -> list[str]:
+    epochs = run.epochs["seconds"].tolist()
+    later = statistics.mean(epochs[1:])
+    spread = relative_spread(epochs[1:])
+    ratio = epochs[0] / later
+    figures = (f"- The first epoch took **{epochs[0]:.2f} s**, the later ones **{later:.2f} s** on average "
+               f"({ratio:.2f}x; the later epochs spread by {spread_text(spread)})")
+    if len(epochs) < 3:
+        lines = [f"{figures}. With one later epoch there is no spread to judge the difference against: train "
+                 "three epochs or more."]
+    elif ratio < 1 and measurable(ratio, spread):
+        lines = [f"{figures}: the first measured *faster* than the rest, which cannot be, since it does the same "
+                 f"work plus the warm-up. A **disturbed measurement**: the later epochs were slowed by something "
+                 f"outside the run. {DISTURBED}. Train again before reading anything into it."]
+    elif measurable(ratio, spread):
+        lines = [f"{figures}: the first was **slower**. Warm-up cost about **{epochs[0] - later:.2f} s** once, "
+                 f"while one epoch costs {later:.2f} s every time: measure speed after warm-up, never from the "
+                 "first epoch."]
+    else:
+        lines = [f"{figures}: **no measurable difference**. The one-time costs are smaller than an epoch's noise "
+                 "here; they show in the first iterations instead."]
+    predicted = run.summary["steps_per_epoch"] * steady
+    starts = run.iterations.groupby("epoch")["seconds"].first().iloc[1:]
+    cfg = run.summary.get("config", {})
+    restarting = cfg.get("workers", 0) > 0 and not cfg.get("persistent_workers", False)
+    cause = " (its data-loader workers start anew)" if restarting else ""
+    lines.append(f"- An epoch is the sum of its iterations, not iterations x typical iteration: "
+                 f"{run.summary['steps_per_epoch']} x {steady * 1000:.1f} ms = **{predicted:.2f} s**, against "
+                 f"{later:.2f} s measured. The difference is the slow iterations; the first of each later epoch "
+                 f"alone took **{starts.mean() * 1000:.0f} ms** on average{cause}, against {steady * 1000:.1f} ms "
+                 "typical.")
+    return lines
+
+
+def warmup(run: Run) -> str:
+    """Markdown answering "why is the first epoch slower?" with this run's numbers, each difference set
+    against the spread of the measurements it compares."""
+    its = run.iterations["seconds"].tolist()
+    skip = run.summary["warmup_steps"]
+    lines = [_first_iterations(its, skip)]
+    if len(run.epochs) >= 2:
+        lines += _epochs(run, steady_median(its, skip))
+    lines.append(f"- Steady-state throughput, counted after the first {skip} iterations: "
+                 f"**{run.summary['images_per_second']:.0f} images/s** on {run.summary['device']}.")
+    return "\n".join(lines)
+
+
+def work_and_peak(summary: dict) -> str:
+    """Markdown: the run's arithmetic per image, and how much of the device's peak it achieved (MFU)."""
+    gflops = summary["training_flops_per_image"] / 1e9
+    line = f"- **{gflops:.2f} GFLOP** per training image (forward and backward, PyTorch's FLOP counter)"
+    if summary["mfu"] is None:
+        return (f"{line}; no MFU here: the peak of {summary['device']} is not in the course's table of "
+                "vendors' peaks (`course_utils.observe.flops.PEAKS`), and is not guessed.")
+    achieved = summary["images_per_second"] * gflops / 1e3
+    return (f"{line}: **{achieved:.1f} TFLOP/s** achieved, **{summary['mfu']:.0%}** of the "
+            f"{summary['peak_tflops']:.0f} TFLOP/s dense peak ({summary['peak_source']}).")
+
+
+Step = Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _reference_step(order: str) -> Step:
+    """The three places zero_grad can take: before backward (right), nowhere (gradients accumulate), or
+    between backward and the update (the update finds no gradients)."""
+
+    def step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
+             labels: torch.Tensor) -> torch.Tensor:
+        if order == "clears":
+            optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        if order == "empties":
+            optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        return loss
+
+    return step
+
+
+BEHAVIOURS = {
+    "clears": "clears the gradients every step, as `step` does: each update follows this batch's gradient",
+    "accumulates": "never clears the gradients: every step adds this batch's gradient to all the earlier ones, "
+                   "so the update grows with every step (as if the learning rate kept rising)",
+    "empties": "clears the gradients after backward, before the update: the optimizer finds no gradients and "
+               "the weights never change",
+}
+
+
+def _train(step: Step, steps: int) -> tuple[nn.Module, list[float]]:
+    model = tiny_cnn(classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    batches = fixed_batches(4, classes=10)
+    losses = [float(step(model, optimizer, *batches[i % len(batches)]).detach()) for i in range(steps)]
+    return model, losses
+
+
+def _same(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(a.state_dict().values(),
+                                                                          b.state_dict().values()))
+
+
+def check_zero_grad(step: Step, steps: int = 10) -> Check:
+    """Train a tiny CNN on four fixed batches with ``step`` and with the three reference placements of
+    ``zero_grad``; say which one ``step`` behaves like, and what its loss did against the right one's."""
+    mine, losses = _train(copy.deepcopy(step), steps)
+    matched = next((order for order in BEHAVIOURS if _same(mine, _train(_reference_step(order), steps)[0])), None)
+    right = _train(_reference_step("clears"), steps)[1]
+    trace = (f"the loss went from {losses[0]:.2f} to **{losses[-1]:.2f}** in {steps} steps, against "
+             f"{right[0]:.2f} to **{right[-1]:.2f}** with the gradients cleared")
+    if matched == "clears":
+        return Check(False, f"your step {BEHAVIOURS['clears']} ({trace}). Move the `zero_grad` line and run "
+                            "the cells again.")
+    if matched is None:
+        return Check(True, f"your step trains differently from every placement of `zero_grad` the check knows; "
+                           f"{trace}.")
+    return Check(True, f"your step {BEHAVIOURS[matched]}: {trace}.")
+
+
+def iteration_times(run: Run) -> Figure:
+    """Every iteration's time, epochs shaded alternately: warm-up spikes stand out at a glance."""
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    its = run.iterations
+    ax.plot(its["step"], its["seconds"] * 1000, lw=0.8, label="iteration")
+    ax.plot(its["step"], its["data_seconds"] * 1000, lw=0.8, alpha=0.7, label="waiting for data")
+    for epoch, group in its.groupby("epoch"):
+        if epoch % 2 == 0:
+            ax.axvspan(group["step"].min() - 0.5, group["step"].max() + 0.5, color="0.92", zorder=0)
+    ax.set_yscale("log")
+    ax.set(xlabel="iteration (shaded: every other epoch)", ylabel="milliseconds (log scale)",
+           title=f"Time per iteration: {run.summary.get('config', {}).get('model', '')} on "
+                 f"{run.summary.get('device', '')}")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def epoch_times(run: Run) -> Figure:
+    """Training time of each epoch (evaluation excluded), the first one highlighted."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    epochs = run.epochs
+    colors = ["tab:red"] + ["tab:blue"] * (len(epochs) - 1)
+    ax.bar(epochs["epoch"], epochs["seconds"], color=colors)
+    ax.set(xlabel="epoch", ylabel="seconds", title="Training time per epoch (first in red)")
+    ax.set_xticks(epochs["epoch"])
+    fig.tight_layout()
+    return fig
+
+
+def learning_curves(run: Run) -> Figure:
+    """Training loss at every log point and test accuracy after every epoch."""
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 3.5))
+    loss_ax.plot(run.steps["step"], run.steps["loss"], label="train (logged steps)")
+    loss_ax.plot(run.epochs["step"], run.epochs["test_loss"], "o-", label="test (per epoch)")
+    loss_ax.set(xlabel="iteration", ylabel="cross-entropy loss", title="Loss")
+    loss_ax.legend()
+    acc_ax.plot(run.epochs["epoch"], run.epochs["test_top1"], "o-", label="top-1")
+    acc_ax.plot(run.epochs["epoch"], run.epochs["test_top5"], "s--", label="top-5")
+    acc_ax.axhline(1.0, color="0.5", lw=0.8, ls=":", label="chance (top-1)")
+    acc_ax.set(xlabel="epoch", ylabel="test accuracy (%)", title="Accuracy", ylim=(0, 100))
+    acc_ax.set_xticks(run.epochs["epoch"])
+    acc_ax.legend()
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,228 @@
+"""Notebook 04: the DataLoader's knobs swept and a setting recommended, the loaders compared through the
+triage, the answer that reads them, their figures, and the check of the exercise on the learner's loader.
+
+Every setting is judged by what training gets with it, not by the loader alone: a worker that speeds up the
+loader but takes a core from the model makes training slower. The sweep's worker counts and the triage's
+iterations are sized by the course size here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from course_utils import config, devices
+from course_utils.data.datasets import SyntheticImages
+from course_utils.lessons.exercises import Check
+from course_utils.lessons.noise import DISTURBED
+from course_utils.lessons.triage import BALANCE, loading_cost_us, triage
+from course_utils.observe.profiling import NO_RANGES
+from course_utils.training.options import TrainOptions
+from course_utils.training.setup import Setup, prepare
+from course_utils.training.step import device_batches, train_step
+
+LOADER_WORKERS = {"ci": (2,), "workshop": (1, 2, 4, 7)}  # worker counts of the DataLoader sweep
+TRIAGE_STEPS = {"ci": 20, "workshop": 100}  # timed iterations of each triage mode
+
+
+def loader_workers(size: str | None = None) -> tuple[int, ...]:
+    """The worker counts the sweep tries at the active course size (or at ``size``)."""
+    return LOADER_WORKERS[config.get_size(size).name]
+
+
+def triage_steps(size: str | None = None) -> int:
+    """Timed iterations of each of the triage's modes at the active course size (or at ``size``)."""
+    return TRIAGE_STEPS[config.get_size(size).name]
+
+
+def loader_rate(loader: Iterable, device: torch.device, batches: int) -> float:
+    """Images per second of ``batches`` batches of ``loader`` (iterator start included), each copied to
+    ``device``: the IO of the triage, for a loader the learner built."""
+    images = 0
+    devices.synchronize(device)
+    start = time.perf_counter()
+    for number, (batch, _) in enumerate(loader):
+        if number == batches:
+            break
+        images += len(batch.to(device, non_blocking=True))
+    devices.synchronize(device)
+    return images / (time.perf_counter() - start)
+
+
+DELAY_SECONDS = 0.1  # the exercise's slow loader: every batch takes this long to make
+STEP_SECONDS = 0.025  # and the model it feeds takes this long per step
+
+
+def check_hidden_delay(make_loader: Callable[[Dataset, int, float], DataLoader], batches: int = 16) -> Check:
+    """Exercise: does the learner's loader, each of whose batches takes :data:`DELAY_SECONDS` to make,
+    deliver a batch every :data:`STEP_SECONDS` (within the triage's balance) once its workers have started?"""
+    loader = make_loader(SyntheticImages(64 * batches, 16), 16, DELAY_SECONDS)
+    iterator = iter(loader)
+    next(iterator)  # the workers' start-up, paid once per epoch, is not the steady rate
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    seconds = (time.perf_counter() - start) / batches
+    del iterator
+    text = (f"with {loader.num_workers} workers your loader made a batch every **{seconds * 1000:.0f} ms** "
+            f"(each takes {DELAY_SECONDS * 1000:.0f} ms to make); the model needs one every "
+            f"{STEP_SECONDS * 1000:.0f} ms")
+    if seconds <= STEP_SECONDS * (1 + BALANCE):
+        return Check(True, f"{text}: the workers hide the delay, and the model would not wait.")
+    return Check(False, f"{text}: the model would wait for data. Add workers (`num_workers`) and run it again.")
+
+
+def _warm(setup: Setup) -> None:
+    """One untimed training step on a random batch, so the first timed step pays no set-up costs."""
+    cfg = setup.cfg
+    images = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=setup.device)
+    labels = torch.zeros(cfg.batch_size, dtype=torch.long, device=setup.device)
+    train_step(setup, [(images, labels)], NO_RANGES)
+    devices.synchronize(setup.device)
+
+
+def epochs_rate(setup: Setup, epochs: int = 2, train: bool = False) -> float:
+    """Images per second of whole passes over the training loader, iterator start included: this
+    is where worker start-up and persistent workers show. Each batch is copied to the device (IO),
+    and with ``train`` also trained on (FULL)."""
+    images = 0
+    devices.synchronize(setup.device)
+    start = time.perf_counter()
+    for _ in range(epochs):
+        for batch in device_batches(setup):
+            if train:
+                train_step(setup, [batch], NO_RANGES)
+            images += len(batch[1])
+    devices.synchronize(setup.device)
+    return images / (time.perf_counter() - start)
+
+
+def loader_settings(workers: tuple[int, ...], gpu: bool) -> list[dict]:
+    """Every combination of the DataLoader knobs, leaving out those that mean nothing here: prefetch
+    and persistence without workers, pinned memory without a GPU to copy to."""
+    pins = (False, True) if gpu else (False,)
+    settings = [{"workers": 0, "pin_memory": pin, "persistent_workers": False, "prefetch_factor": None}
+                for pin in pins]
+    settings += [{"workers": w, "pin_memory": pin, "persistent_workers": persistent, "prefetch_factor": prefetch}
+                 for w in workers if w > 0 for pin in pins for persistent in (False, True) for prefetch in (2, 4)]
+    return settings
+
+
+def loader_sweep(workers: tuple[int, ...], steps_per_epoch: int = 8, epochs: int = 2, **options) -> pd.DataFrame:
+    """For every setting of :func:`loader_settings`: the loader alone (``io``) and training with it
+    (``full``), in images per second over whole short epochs (:func:`epochs_rate`)."""
+    options.setdefault("progress", False)
+    rows = []
+    gpu = devices.default_device().type == "cuda"
+    for setting in tqdm(loader_settings(workers, gpu), desc="loader settings", unit="setting"):
+        cfg = TrainOptions(**{**options, **setting}).resolved()
+        setup = prepare(TrainOptions(**{**asdict(cfg), "train_samples": cfg.batch_size * steps_per_epoch}))
+        try:
+            io = epochs_rate(setup, epochs)
+            _warm(setup)
+            rows.append({**setting, "io": io, "full": epochs_rate(setup, epochs, train=True)})
+        finally:
+            setup.loaders.close()
+    return pd.DataFrame(rows)
+
+
+def recommend(table: pd.DataFrame, within: float = 0.95) -> dict:
+    """The cheapest setting (fewest workers) whose training throughput is within ``within`` of the
+    best, as options for :func:`triage` or ``train``.
+
+    Judged by FULL, not by the loader alone: a worker that speeds up the loader but takes a core
+    from the model (a CPU-only machine) makes training slower, and more workers than it takes to
+    keep the model fed only cost memory and start-up time.
+    """
+    good = table[table["full"] >= within * table["full"].max()]
+    best = good.sort_values(["workers", "full"], ascending=[True, False]).iloc[0]
+    workers = int(best["workers"])
+    return {"workers": workers, "pin_memory": bool(best["pin_memory"]),
+            "persistent_workers": bool(best["persistent_workers"]),
+            "prefetch_factor": int(best["prefetch_factor"]) if workers > 0 else None}
+
+
+def compare_loaders(loaders: tuple[str, ...] = ("torch", "dali", "gpu-aug"), steps: int = 30, warmup: int = 5,
+                    **options) -> pd.DataFrame:
+    """IO, SYNTHETIC and FULL for each loader; a loader that cannot run here says why."""
+    rows = []
+    for loader in loaders:
+        try:
+            result = triage(steps, warmup, loader=loader, **options)
+        except RuntimeError as error:  # DaliUnavailable and device errors name their reason
+            rows.append({"loader": loader, "verdict": f"not available: {error}"})
+            continue
+        rows.append({"loader": loader, "io": result.io, "synthetic": result.synthetic, "full": result.full,
+                     "full_over_synthetic": result.full / result.synthetic,
+                     "loading_us_per_image": loading_cost_us(result.full, result.synthetic), "verdict": result.verdict})
+    return pd.DataFrame(rows)
+
+
+def loaders_answer(comparison: pd.DataFrame, best_setting: dict) -> str:
+    """Markdown: is the run input-bound or compute-bound, per loader, and what fixes it."""
+    lines = []
+    for row in comparison.itertuples():
+        if str(row.verdict).startswith("not available"):
+            lines.append(f"- **{row.loader}**: {row.verdict}")
+            continue
+        if row.full_over_synthetic > 1 + BALANCE:
+            lines.append(f"- **{row.loader}**: a **disturbed measurement**: training with the loader measured "
+                         f"{row.full_over_synthetic:.0%} of the model alone ({row.full:.0f} vs {row.synthetic:.0f} "
+                         f"images/s), which cannot be, since it does the model's work and more. {DISTURBED}; "
+                         "run the cell again.")
+            continue
+        line = (f"- **{row.loader}**: {row.verdict}; the loader alone delivers {row.io:.0f} images/s against "
+                f"the model's {row.synthetic:.0f}, and training reaches **{row.full_over_synthetic:.0%}** of "
+                f"what the model alone could do.")
+        if row.verdict == "not overlapped":
+            line += (f" Fast enough on its own, its work still adds **{row.loading_us_per_image:.0f} us** to each "
+                     f"image's {1e6 / row.synthetic:.0f} us of training, because it is not hidden behind the step.")
+        lines.append(line)
+    setting = ", ".join(f"{k}={v}" for k, v in best_setting.items())
+    lines.append(f"- Recommended DataLoader setting here (the fewest workers whose training throughput is within "
+                 f"5 % of the best): {setting}.")
+    return "\n".join(lines)
+
+
+def plot_triage(table: pd.DataFrame) -> Figure:
+    """IO, SYNTHETIC and FULL images/s side by side, one group per row of ``table`` (its "loader" or "case")."""
+    ran = table.dropna(subset=["full"])
+    label = "loader" if "loader" in ran else "case"
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    width = 0.27
+    for offset, (column, name) in enumerate((("io", "IO only"), ("synthetic", "SYNTHETIC (model only)"),
+                                             ("full", "FULL (training)"))):
+        positions = [i + (offset - 1) * width for i in range(len(ran))]
+        ax.bar(positions, ran[column], width, label=name)
+    ax.set_xticks(range(len(ran)), ran[label])
+    ax.set(ylabel="images per second", title="Input pipeline against model", yscale="log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_loader_sweep(table: pd.DataFrame) -> Figure:
+    """The loader alone and training with it against worker count, one line per combination of the
+    other knobs: where the two panels disagree, the loader's speed is not what training gets."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    knobs = ["pin_memory", "persistent_workers", "prefetch_factor"]
+    for ax, column, title in zip(axes, ("io", "full"), ("Loader alone (IO)", "Training with it (FULL)")):
+        for values, rows in table[table["workers"] > 0].groupby(knobs):
+            label = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in zip(knobs, values))
+            ax.plot(rows["workers"], rows[column], "o-", label=label, alpha=0.8)
+        for row in table[table["workers"] == 0].itertuples():
+            ax.axhline(getattr(row, column), ls=":", color="0.4", label=f"no workers, pin_memory={row.pin_memory}")
+        ax.set(xlabel="DataLoader workers", title=title)
+        ax.set_xticks(sorted(table["workers"].unique()))
+    axes[0].set(ylabel="images per second", yscale="log")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,321 @@
+"""Notebook 02: the model x batch-size sweep (training speed, peak memory, utilization and power per
+setting), sized by the course size, and the answers and figures that read it and a monitored run.
+
+Each setting trains on one fixed synthetic batch already on the device (no loader, no evaluation), so that
+what is measured is the model and the batch alone, in a few rounds whose spread every answer compares its
+differences with. A setting that does not fit in memory is a result, "out of memory", not a crash.
+Notebook 05's progression probes half precision on a CPU with :func:`measure_setting`.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
+from tqdm.auto import tqdm
+
+from course_utils import config, devices
+from course_utils.lessons.exercises import Check
+from course_utils.lessons.noise import measurable, relative_spread, spread_text
+from course_utils.observe import flops
+from course_utils.observe.clocks import timed_rate
+from course_utils.observe.monitor import Monitor, this_process_rows
+from course_utils.observe.profiling import NO_RANGES
+from course_utils.training import models
+from course_utils.training.options import TrainOptions
+from course_utils.training.setup import prepare
+from course_utils.training.step import next_batch, train_step
+
+
+@dataclass(frozen=True)
+class SweepSize:
+    """What the sweep measures at a course size."""
+
+    models: tuple[str, ...]
+    batch_sizes: tuple[int, ...]
+    image_size: int  # workshop: 224 px, so that the LUMI workshop's set-up (ResNet-152, batch 128) is a row
+    steps: int  # timed iterations of each round
+    rounds: int = 3  # rounds per setting: their spread is the noise the answers compare with
+
+
+SWEEPS = {
+    "ci": SweepSize(models=("small_cnn", "resnet18"), batch_sizes=(16, 64), image_size=32, steps=4),
+    "workshop": SweepSize(models=("resnet18", "resnet50", "resnet152"), batch_sizes=(32, 128, 512, 2048),
+                          image_size=224, steps=10),
+}
+
+
+def sweep_size(size: str | None = None) -> SweepSize:
+    """The sweep of the active course size (or of ``size``)."""
+    return SWEEPS[config.get_size(size).name]
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A GPU's OutOfMemoryError, or the CPU allocator refusing a request (a plain RuntimeError)."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
+def _peak_memory(device: torch.device, frame: pd.DataFrame) -> tuple[float | None, str]:
+    """The allocator's peak on a GPU; on the CPU, the most resident memory the monitor saw (the whole
+    process's, libraries and caches included, so activations hardly show in it)."""
+    if device.type == "cuda":
+        return devices.peak_memory_mib(device), "allocator"
+    return (frame["memory_used_mib"].max() if not frame.empty else None), "process"
+
+
+@functools.cache
+def _model_size(model: str, image_size: int) -> tuple[int, float]:
+    """Parameters and training GFLOP per image of ``model``: counted once per model, not once per batch size."""
+    return (models.count_parameters(models.build(model, image_size=image_size)),
+            flops.training_flops_per_image(lambda: models.build(model, image_size=image_size), image_size) / 1e9)
+
+
+def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 2, image_size: int = 32,
+                    monitor_backend: str = "auto", interval: float = 0.2, rounds: int = 1,
+                    **train_options) -> dict:
+    """Train ``model`` at ``batch_size`` for ``warmup`` iterations, then ``rounds`` x ``steps`` timed ones;
+    report the median round and the rounds' spread.
+
+    ``train_options`` (``amp="bf16"``, ``channels_last=True``, ...) go to the training set-up.
+    """
+    parameters, gflops = _model_size(model, image_size)
+    row = {"model": model, "batch_size": batch_size, "status": "ok", "parameters": parameters,
+           "training_gflops_per_image": gflops}
+    setup = None
+    try:
+        setup = prepare(TrainOptions(model=model, batch_size=batch_size, data="synthetic", train_samples=batch_size,
+                                    test_samples=batch_size, workers=0, image_size=image_size, progress=False,
+                                    **train_options))
+        device = setup.device
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        images, labels = next_batch(iter(setup.loaders.train), device, NO_RANGES)
+
+        def step() -> int:
+            train_step(setup, [(images, labels)], NO_RANGES)
+            return batch_size
+
+        monitor = Monitor(monitor_backend, interval, device)  # sampling starts with the timed steps
+        try:
+            rates = [timed_rate(step, steps, warmup if number == 0 else 0, device,
+                                on_timed_start=monitor.start if number == 0 else None)[0]
+                     for number in range(rounds)]
+        finally:
+            monitor.stop()
+        device_rows = this_process_rows(monitor.frame())
+        rate = statistics.median(rates)
+        peak, memory_source = _peak_memory(device, device_rows)
+        row.update(images_per_second=rate, spread=relative_spread(rates), rates=rates, step_ms=1000 * batch_size / rate,
+                   mfu=flops.mfu(rate, row["training_gflops_per_image"] * 1e9, devices.device_name(device),
+                                 train_options.get("amp", "off")),
+                   peak_memory_mib=peak, memory_source=memory_source,
+                   utilization_percent=device_rows["utilization_percent"].mean(),
+                   power_watts=device_rows["power_watts"].mean(),
+                   power_limit_watts=device_rows["power_limit_watts"].max(),
+                   power_note=device_rows["power_note"].iloc[0] if len(device_rows) else "")
+    except RuntimeError as error:  # torch.OutOfMemoryError is one
+        if not is_out_of_memory(error):
+            raise
+        row["status"] = "out of memory"
+    finally:
+        setup = None  # release the model and its memory before emptying the cache
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return row
+
+
+def sweep(model_names: Iterable[str], batch_sizes: Iterable[int], steps: int = 10, rounds: int = 3,
+          **options) -> pd.DataFrame:
+    """:func:`measure_setting` for every model and batch size, with a progress bar."""
+    settings = [(m, b) for m in model_names for b in batch_sizes]
+    rows = [measure_setting(m, b, steps, rounds=rounds, **options)
+            for m, b in tqdm(settings, desc="sweep", unit="setting")]
+    return pd.DataFrame(rows)
+
+
+def _fits(sweep: pd.DataFrame) -> pd.DataFrame:
+    return sweep[sweep["status"] == "ok"]
+
+
+def _speed_ratio(fast: pd.Series, slow: pd.Series) -> tuple[float, float]:
+    """How many times faster ``fast`` trained than ``slow``, and the larger of their two spreads."""
+    return fast["images_per_second"] / slow["images_per_second"], max(fast["spread"], slow["spread"])
+
+
+def model_size(sweep: pd.DataFrame) -> str:
+    """Markdown: does a model with k times the parameters train k times slower? From a sweep."""
+    fits = _fits(sweep)
+    shared = [b for b in sorted(fits["batch_size"].unique())
+              if fits[fits["batch_size"] == b]["model"].nunique() == sweep["model"].nunique()]
+    if not shared:
+        return "- No batch size fitted every model, so the models cannot be compared at the same batch."
+    batch = shared[-1]
+    rows = fits[fits["batch_size"] == batch].sort_values("parameters")
+    lines = [f"At batch {batch}, the largest that fitted every model:"]
+    for (_, small), (_, large) in zip(rows.iterrows(), rows.iloc[1:].iterrows()):
+        params = large["parameters"] / small["parameters"]
+        work = large["training_gflops_per_image"] / small["training_gflops_per_image"]
+        slower, spread = _speed_ratio(small, large)
+        speed = (f"trains **{slower:.1f}x** slower" if measurable(slower, spread) else
+                 "trains at **no measurably different speed**")
+        lines.append(f"- **{large['model']}** has **{params:.1f}x** the parameters of {small['model']} and "
+                     f"**{work:.1f}x** its FLOPs per image ({large['training_gflops_per_image']:.2f} vs "
+                     f"{small['training_gflops_per_image']:.2f} GFLOP per training image), and {speed} "
+                     f"({large['images_per_second']:.0f} vs {small['images_per_second']:.0f} images/s; rounds "
+                     f"spread by {spread_text(spread)}).")
+    lines.append("Parameters count weights, not work: the work per image (FLOPs, counted by PyTorch's "
+                 "`FlopCounterMode`) is set by the layers times the spatial resolution they run at. Speed follows "
+                 "FLOPs once the device is full; a small model may not fill it at all.")
+    return "\n".join(lines)
+
+
+MEMORY_GROWTH = 0.10  # the process's resident memory moves by this much between runs of the same setting
+
+
+def _memory_text(low: pd.Series, high: pd.Series) -> tuple[str, bool]:
+    """The peak memory's growth between two batch sizes, and whether it is a measured growth."""
+    growth = high["peak_memory_mib"] / low["peak_memory_mib"]
+    if high.get("memory_source", "allocator") == "process" and abs(growth - 1) <= MEMORY_GROWTH:
+        return (f"the process's memory shows **no measurable growth** ({low['peak_memory_mib']:.0f} and "
+                f"{high['peak_memory_mib']:.0f} MiB: on a CPU it is the whole process, libraries and caches "
+                "included, and this batch's activations are too small to show in it)"), False
+    return f"peak memory grew **{growth:.1f}x**", growth > 1 + MEMORY_GROWTH
+
+
+def batch_size(sweep: pd.DataFrame) -> str:
+    """Markdown: does a larger batch speed up as its memory use suggests? From a sweep."""
+    lines, grew = [], False
+    for model, rows in sweep.groupby("model", sort=False):
+        fits = _fits(rows).sort_values("batch_size")
+        if len(fits) < 2:
+            lines.append(f"- **{model}**: fewer than two batch sizes fitted; nothing to compare.")
+            continue
+        low, high = fits.iloc[0], fits.iloc[-1]
+        memory, measured = _memory_text(low, high)
+        grew |= measured
+        faster, spread = _speed_ratio(high, low)
+        speed = (f"throughput changed **{faster:.2f}x**" if measurable(faster, spread) else
+                 f"throughput showed **no measurable difference** ({faster:.2f}x, inside the rounds' spread of "
+                 f"{spread_text(spread)})")
+        text = (f"- **{model}**: from batch {low['batch_size']} to {high['batch_size']} "
+                f"({high['batch_size'] / low['batch_size']:.0f}x), {memory} and {speed}")
+        failed = rows[rows["status"] != "ok"]["batch_size"]
+        text += f"; batch {failed.min()} did not fit." if len(failed) else "."
+        lines.append(text)
+    if grew:
+        lines.append("Memory grows with the batch because activations are stored for the backward pass; "
+                     "throughput grows only until the device is busy, then stays flat.")
+    else:
+        lines.append("No growth of memory was measured here, so this run cannot show it: on a GPU the allocator's "
+                     "peak grows with the batch, because activations are stored for the backward pass.")
+    return "\n".join(lines)
+
+
+def timeline_reading(samples: pd.DataFrame) -> str:
+    """Markdown: what a monitored run's timeline showed, training against evaluation and memory over time,
+    read from its samples rather than asserted."""
+    mine = this_process_rows(samples)
+    training = mine[mine["phase"].str.startswith("epoch")]
+    evaluation = mine[mine["phase"].str.startswith("eval")]
+    busy, checking = training["utilization_percent"].mean(), evaluation["utilization_percent"].mean()
+    if pd.isna(busy) or pd.isna(checking):
+        lines = ["- Too few samples fell in training and in evaluation to compare them: sample more often "
+                 "(`monitor_interval`) or train longer."]
+    elif checking < busy - 5:
+        lines = [f"- Utilization averaged **{busy:.0f} %** while training and **{checking:.0f} %** in evaluation: "
+                 "evaluation is smaller work (no backward pass, no optimizer step), too little to keep the device "
+                 "as busy."]
+    else:
+        lines = [f"- Utilization averaged **{busy:.0f} %** while training and **{checking:.0f} %** in evaluation: "
+                 "here evaluation kept the device about as busy. On a CPU, PyTorch spreads even a forward pass "
+                 "over every core; on a GPU, evaluation's smaller work usually shows as a drop."]
+    memory = training["memory_used_mib"].dropna()
+    if len(memory) >= 2:
+        lines.append(f"- Memory went from **{memory.iloc[0]:.0f} MiB** at the first training sample to a peak of "
+                     f"**{memory.max():.0f} MiB** and ended at {memory.iloc[-1]:.0f} MiB: on a GPU it climbs in the "
+                     "first iterations and then stays flat, because PyTorch's caching allocator keeps what it once "
+                     "needed instead of returning it to the device.")
+    return "\n".join(lines)
+
+
+MI250X_LEVELS = ("On an MI250X, power is the module's (both GCDs): about **300 W** with one GCD busy and about "
+                 "**500 W** with both, against the module's **560 W** limit.")
+
+
+def _work(row: pd.Series) -> str:
+    mfu = f", {row['mfu']:.0%} MFU" if pd.notna(row.get("mfu")) else ""
+    return f"{row['images_per_second']:.0f} images/s{mfu}"
+
+
+def utilization_vs_power(sweep: pd.DataFrame) -> str:
+    """Markdown: is high utilization full use? Utilization beside drawn power (evidence, read against known
+    busy levels) and throughput or MFU (the measure of the work done)."""
+    fits = _fits(sweep).dropna(subset=["utilization_percent"])
+    if fits["power_watts"].isna().all():
+        notes = [note for note in fits.get("power_note", pd.Series(dtype=str)).dropna() if note]
+        if notes and notes[0].startswith("secondary GCD"):
+            return ("- This process runs on the **second GCD of its MI250X module**, which has no power sensor of "
+                    "its own (`rocm-smi` prints `N/A (Secondary die)`): the module's power, both GCDs together, is "
+                    f"reported on its partner GCD. {MI250X_LEVELS} To read it here, ask for the module's first "
+                    "GCD, or watch `rocm-smi --showpower` beside the run.")
+        return ("- This device reports no power (on a machine without a GPU the monitor reads the CPU, which has "
+                "none), so this machine cannot answer the question: run the notebook on a GPU.")
+    busy = fits[fits["utilization_percent"] >= 0.8 * fits["utilization_percent"].max()].sort_values("power_watts")
+    low, high = busy.iloc[0], busy.iloc[-1]
+    lines = [f"- **{low['model']}** at batch {low['batch_size']} showed **{low['utilization_percent']:.0f} %** "
+             f"utilization while drawing **{low['power_watts']:.0f} W** ({_work(low)}); **{high['model']}** at "
+             f"batch {high['batch_size']} showed **{high['utilization_percent']:.0f} %** and drew "
+             f"**{high['power_watts']:.0f} W** ({_work(high)}); the reported limit is "
+             f"{high['power_limit_watts']:.0f} W."]
+    lines.append("- Utilization counts the share of time in which *some* kernel runs, however few of the compute "
+                 "units it keeps busy, so both settings read as busy. Power is the evidence of how much of the chip "
+                 "works: read it against the levels known for the device, not against 100 %. The measure of the "
+                 "work itself is the throughput and the MFU beside it.")
+    if "MI250X" in str(high.get("device", "")) or high["power_limit_watts"] == 560:
+        lines.append(f"- {MI250X_LEVELS} Another job on the module's other GCD counts in the reading too.")
+    return "\n".join(lines)
+
+
+def sweep_results(sweep: pd.DataFrame) -> Figure:
+    """Throughput and peak memory against batch size, one line per model; x marks out of memory."""
+    fig, (speed_ax, memory_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for model, rows in sweep.groupby("model", sort=False):
+        fits = rows[rows["status"] == "ok"]
+        line, = speed_ax.plot(fits["batch_size"], fits["images_per_second"], "o-", label=model)
+        memory_ax.plot(fits["batch_size"], fits["peak_memory_mib"] / 1024, "o-", color=line.get_color(), label=model)
+        for batch in rows[rows["status"] != "ok"]["batch_size"]:
+            for ax in (speed_ax, memory_ax):
+                ax.plot([batch], [0], "x", color=line.get_color(), markersize=10, mew=2)
+    speed_ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="images per second (log scale)",
+                 title="Training throughput")
+    memory_ax.set(xscale="log", xlabel="batch size", ylabel="peak memory (GiB)", title="Peak memory (x: did not fit)")
+    batches = sorted(sweep["batch_size"].unique())
+    for ax in (speed_ax, memory_ax):
+        ax.minorticks_off()
+        ax.set_xticks(batches, labels=[str(b) for b in batches])
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+SATURATING = pd.DataFrame({"model": "resnet50", "status": "ok", "batch_size": [32, 128, 512, 2048],
+                           "images_per_second": [1000.0, 2950.0, 3000.0, 3050.0], "spread": 0.04})
+
+
+def check_saturation(saturating_batch: Callable[[pd.DataFrame, str], int]) -> Check:
+    """Exercise: does the learner's function find the smallest batch whose throughput is within the spread of
+    the best? Tried on a table whose answer is known (128: 2950 images/s is within 4 % of 3050)."""
+    found = saturating_batch(SATURATING, "resnet50")
+    if found == 128:
+        return Check(True, "on the known table your function finds batch 128, where throughput stops growing beyond "
+                           "the noise; the cell below reads this notebook's sweep with it.")
+    return Check(False, f"on the known table your function returns batch {found}; the smallest batch within the "
+                        "rounds' spread of the best is 128.")

@@ -1,0 +1,135 @@
+"""The answers of notebooks 01-02 read noisy and contradictory tables as noise, never as findings, and the
+reference tables cite GPU results only where a GPU recorded them."""
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from course_utils.lessons import baseline, monitoring, noise, reference
+from course_utils.observe.metrics import Run
+
+
+def _run(epoch_seconds: list[float], iteration_ms: list[float], steps_per_epoch: int = 10) -> Run:
+    iterations = pd.DataFrame({"step": range(len(iteration_ms)), "seconds": [ms / 1000 for ms in iteration_ms],
+                               "data_seconds": 0.0,
+                               "epoch": [i // steps_per_epoch for i in range(len(iteration_ms))]})
+    epochs = pd.DataFrame({"epoch": range(len(epoch_seconds)), "seconds": epoch_seconds})
+    summary = {"warmup_steps": 5, "steps_per_epoch": steps_per_epoch, "images_per_second": 1000.0,
+               "device": "CPU", "config": {"workers": 0}}
+    return Run(Path("."), iterations, pd.DataFrame(), epochs, summary)
+
+
+STEADY = [10.0, 10.5, 9.8, 10.2, 10.1] * 6
+
+
+def test_a_first_epoch_faster_than_the_rest_is_a_disturbed_measurement_not_a_finding():
+    """The known bad case: a busy machine made the later epochs slower, and 01 printed "first epoch faster"."""
+    text = baseline.warmup(_run([1.0, 1.5, 1.45], [40, 20, 15, 12, 11] + STEADY[5:]))
+    assert "disturbed measurement" in text and "faster than" not in text.replace("*faster* than", "")
+    assert "was **slower**" not in text
+
+
+def test_epochs_inside_their_spread_are_no_measurable_difference():
+    text = baseline.warmup(_run([1.05, 1.0, 1.1, 0.95], [40, 20, 15, 12, 11] + STEADY[5:]))
+    assert "**no measurable difference**. The one-time costs are smaller" in text
+
+
+def test_a_first_epoch_slower_past_the_spread_is_warm_up():
+    text = baseline.warmup(_run([2.0, 1.0, 1.02, 1.01], [400, 20, 15, 12, 11] + STEADY[5:]))
+    assert "the first was **slower**" in text and "Warm-up cost about **0.99 s** once" in text
+
+
+def test_first_iterations_faster_than_the_steady_state_are_disturbed():
+    text = baseline.warmup(_run([1.0, 1.0, 1.0], [5, 5, 5, 5, 5] + [20.0, 20.5, 19.8, 20.2, 20.1] * 6))
+    assert text.splitlines()[0].endswith("run the cell again.") and "disturbed measurement" in text
+
+
+def test_with_one_later_epoch_the_spread_is_unknown_and_said_so():
+    text = baseline.warmup(_run([2.0, 1.0], [400, 20, 15, 12, 11] + STEADY[5:]))
+    assert "no spread to judge the difference against" in text
+
+
+def test_two_timings_agree_when_their_ratio_is_inside_the_larger_spread():
+    assert "**no measurable difference**" in noise.agreement([100, 110, 95], [104, 98, 108])
+    assert "difference larger than the spread" in noise.agreement([100, 102, 101], [150, 149, 151])
+    assert "the spread is unknown" in noise.agreement([100], [150])
+    assert "**no measurable difference**" in noise.agreement([100], [104, 90, 110])  # one side's spread serves
+    assert math.isnan(noise.relative_spread([3.0]))
+
+
+def _sweep(rows: list[tuple]) -> pd.DataFrame:
+    return pd.DataFrame([{"model": model, "batch_size": batch, "status": "ok", "parameters": params,
+                          "training_gflops_per_image": gflops, "images_per_second": rate, "spread": spread,
+                          "peak_memory_mib": memory, "memory_source": source}
+                         for model, batch, params, gflops, rate, spread, memory, source in rows])
+
+
+def test_process_memory_that_does_not_grow_is_not_explained_as_growth():
+    """The known bad case: 02 printed "peak memory grew 1.0x" on a CPU and then explained why memory grows."""
+    text = monitoring.batch_size(_sweep([("small_cnn", 16, 1e5, 0.1, 900.0, 0.3, 512.0, "process"),
+                                         ("small_cnn", 64, 1e5, 0.1, 1000.0, 0.3, 515.0, "process")]))
+    assert "grew **1.0x**" not in text and "**no measurable growth**" in text
+    assert "throughput showed **no measurable difference** (1.11x" in text
+    assert "Memory grows with the batch because" not in text and "cannot show it" in text
+
+
+def test_allocator_memory_that_grows_is_explained():
+    text = monitoring.batch_size(_sweep([("resnet18", 32, 1e7, 1.0, 1000.0, 0.02, 1000.0, "allocator"),
+                                         ("resnet18", 128, 1e7, 1.0, 1500.0, 0.02, 3500.0, "allocator")]))
+    assert "peak memory grew **3.5x** and throughput changed **1.50x**" in text
+    assert "Memory grows with the batch because activations are stored" in text
+
+
+def test_models_whose_speeds_differ_inside_the_spread_are_not_ranked():
+    text = monitoring.model_size(_sweep([("small_cnn", 64, 1e5, 0.1, 1000.0, 0.25, 1.0, "process"),
+                                         ("resnet18", 64, 1e7, 1.1, 900.0, 0.25, 1.0, "process")]))
+    assert "trains at **no measurably different speed**" in text
+    measured = monitoring.model_size(_sweep([("small_cnn", 64, 1e5, 0.1, 1000.0, 0.05, 1.0, "process"),
+                                             ("resnet18", 64, 1e7, 1.1, 200.0, 0.05, 1.0, "process")]))
+    assert "trains **5.0x** slower" in measured
+
+
+def test_power_is_read_against_known_levels_with_throughput_as_the_work():
+    rows = _sweep([("resnet18", 32, 1e7, 1.0, 800.0, 0.02, 1.0, "allocator"),
+                   ("resnet152", 128, 6e7, 20.0, 300.0, 0.02, 1.0, "allocator")]).assign(
+        utilization_percent=[99.0, 100.0], power_watts=[210.0, 480.0], power_limit_watts=560.0, power_note="",
+        mfu=[0.1, 0.4])
+    text = monitoring.utilization_vs_power(rows)
+    assert "about **300 W** with one GCD busy and about **500 W** with both" in text and "**560 W**" in text
+    assert "800 images/s, 10% MFU" in text and "Near the limit" not in text
+
+
+def _record(folder: Path, benchmark: str, device: str) -> None:
+    (folder / f"{benchmark}-{device}.json").write_text(json.dumps({
+        "benchmark": benchmark, "device": device, "date": "2026-11-23", "versions": {"torch": "2.10"},
+        "rows": [{"images_per_second": 1.0}]}))
+
+
+def test_gpu_results_are_cited_only_where_a_gpu_recorded_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "results_dir", lambda: tmp_path)
+    _record(tmp_path, "sweep", "CPU")
+    assert reference.gpu_rows("sweep").empty and reference.gpu_rows("progression").empty
+    assert "No GPU result of `sweep` is recorded" in reference.gpu_note("sweep")
+    assert "python benchmarks/sweep.py" in reference.gpu_note("sweep")
+    _record(tmp_path, "sweep", "AMD Instinct MI250X")
+    assert list(reference.gpu_rows("sweep")["device"]) == ["AMD Instinct MI250X"]
+    assert "1 rows of `sweep` (AMD Instinct MI250X)" in reference.gpu_note("sweep")
+
+
+@pytest.mark.parametrize("order, done", [("clears", False), ("accumulates", True), ("empties", True)])
+def test_the_zero_grad_check_names_what_the_step_does(order, done):
+    check = baseline.check_zero_grad(baseline._reference_step(order))
+    assert check.done == done and baseline.BEHAVIOURS[order] in check.text
+
+
+def test_training_faster_than_the_model_alone_is_a_disturbed_measurement():
+    from course_utils.lessons import data_loading
+
+    table = pd.DataFrame([{"loader": "torch", "io": 3443.0, "synthetic": 37.7, "full": 46.0,
+                           "full_over_synthetic": 1.22, "loading_us_per_image": -4790.7, "verdict": "compute-bound"}])
+    text = data_loading.loaders_answer(table, {"workers": 2})
+    assert "**disturbed measurement**" in text and "122%" in text
+    assert "-4791" not in text and "compute-bound" not in text
