@@ -23,7 +23,9 @@ from tqdm.auto import tqdm
 
 from course_utils import config, devices
 from course_utils.data.loaders import shard_sampler
+from course_utils.lessons import spread
 from course_utils.observe import communication
+from course_utils.observe.metrics import load_run
 from course_utils.observe.profiling import TRACE_FILE
 from course_utils.parallel.launch import LaunchResult, launch
 from course_utils.run_folder import RunFolder
@@ -111,6 +113,12 @@ def traced_ranks(nproc: int, out: Path, **options: Any) -> tuple[pd.DataFrame, L
     return communication.per_step(Path(out) / "trace" / TRACE_FILE), result
 
 
+def iteration_spread(summary: dict[str, Any]) -> float:
+    """How much rank 0's iterations of a finished run varied (:func:`course_utils.lessons.spread.relative_spread`),
+    the first two left out."""
+    return spread.relative_spread(list(load_run(summary["config"]["out"]).iterations["seconds"])[2:])
+
+
 def _row(name: str, summary: dict[str, Any], devices: int) -> dict[str, Any]:
     memory = summary.get("peak_memory_per_gpu_mib")
     ranks = summary["per_rank"]
@@ -118,6 +126,7 @@ def _row(name: str, summary: dict[str, Any], devices: int) -> dict[str, Any]:
             "global_batch": summary["global_batch_size"], "images_per_second": summary["images_per_second"],
             "images_per_second_per_device": summary["images_per_second"] / devices,
             "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in ranks),
+            "iteration_spread": iteration_spread(summary),
             "steps_per_rank": [r["steps"] for r in ranks],
             "peak_memory_per_device_mib": ([r["peak_memory_mib"] for r in ranks] if summary["world_size"] > 1
                                            else memory[:devices] if memory else None),

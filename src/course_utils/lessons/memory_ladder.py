@@ -1,5 +1,6 @@
-"""The memory ladder of notebook 09: one process, DDP, FSDP, FSDP with activation checkpointing, FSDP with
-offload, each trained for real and its memory per rank measured by kind; and the rule of thumb beside it.
+"""Notebook 09: the memory ladder (one process, DDP, FSDP, FSDP with activation checkpointing, FSDP with
+offload, each trained for real and its memory per rank measured by kind), the rule of thumb beside it, and
+what the learner's FSDP2 script held on each rank.
 
 Every rung trains the same model at the same per-rank batch for the same steps, on the devices
 :func:`course_utils.lessons.data_parallel.parallel_shape` picks: one GPU per rank where there are two
@@ -9,6 +10,7 @@ needs GPUs: on CPU processes its rung is left out and the table says so.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,3 +119,45 @@ def rule_against_measurement(ladder: pd.DataFrame) -> pd.DataFrame:
         rows.append({"rung": row["rung"], "measured_mib": measured / MIB, "rule_mib": rule / MIB,
                      "measured_over_rule": measured / rule})
     return pd.DataFrame(rows)
+
+
+def read_script_record(path: str | Path) -> pd.DataFrame:
+    """What every rank of the notebook's FSDP2 script held after its steps, one row per rank, with the
+    whole model's size beside it. A missing file says which cell writes it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not there: run the cell that launches the script (with --out {path})")
+    record = json.loads(path.read_text())
+    table = pd.DataFrame(record["ranks"])
+    table.insert(0, "rank", range(len(table)))
+    table["model_mib"] = record["model_mib"]
+    return table
+
+
+def script_answer(held: pd.DataFrame) -> str:
+    """Markdown: what each rank of the FSDP2 script kept, against the whole model."""
+    ranks, whole = len(held), held["model_mib"].iloc[0]
+    per_rank = ", ".join(f"rank {row.rank} {row.parameters_mib:.2f}" for row in held.itertuples())
+    state = held[["parameters_mib", "gradients_mib", "optimizer_state_mib"]].sum(axis=1).iloc[0]
+    return "\n".join([
+        f"- The model has **{whole:.2f} MiB** of fp32 parameters; each of the {ranks} ranks keeps "
+        f"**{held['parameters_mib'].mean():.2f} MiB** of them ({per_rank} MiB), about 1/{ranks}.",
+        f"- With its gradients and AdamW's two moments, a rank keeps **{state:.2f} MiB** between steps, where DDP "
+        f"would keep {4 * whole:.2f} MiB (parameters, gradients, two moments: 16 bytes per parameter) on every rank.",
+        "- While a group runs, a rank also holds that group whole: the largest is "
+        f"**{held['largest_group_mib'].max():.2f} MiB** here.",
+    ])
+
+
+def check_fewer_groups(before: pd.DataFrame, after: pd.DataFrame) -> str:
+    """The check of notebook 09's exercise: with fewer blocks in groups of their own, the state a rank keeps
+    stays (the root shards the rest) and the largest group, gathered whole, grows."""
+    kept = ["parameters_mib", "gradients_mib", "optimizer_state_mib"]
+    state_before, state_after = before[kept].sum(axis=1).max(), after[kept].sum(axis=1).max()
+    group_before, group_after = before["largest_group_mib"].max(), after["largest_group_mib"].max()
+    if group_after <= group_before:
+        return (f"Not yet: the largest group is {group_after:.2f} MiB, as before ({group_before:.2f} MiB). Put only "
+                "the first block in blocks_to_shard, write the script again and relaunch.")
+    return (f"Done: each rank still keeps {state_after:.2f} MiB between steps (before: {state_before:.2f}), since the "
+            f"root's fully_shard shards what the blocks left; but the largest group, gathered whole while it runs, "
+            f"grew from {group_before:.2f} to {group_after:.2f} MiB: that is what a rank's peak pays.")

@@ -57,29 +57,6 @@ def dataparallel_phases_answer(phases: pd.DataFrame | None, gpus: int) -> str:
     ])
 
 
-def ddp_answer(modes: pd.DataFrame) -> str:
-    """Markdown: DDP against one device and against DataParallel, from :func:`experiments.compare_modes`."""
-    one = modes.iloc[0]
-    ddp = modes[modes["mode"].str.startswith("DDP")].iloc[0]
-    lines = [f"- DDP on **{ddp['devices']}** ranks: **{ddp['images_per_second']:.0f}** images/s, "
-             f"{ddp['speedup']:.2f}x one device ({ddp['speedup'] / ddp['devices']:.0%} of ideal). Each rank ran "
-             f"{ddp['steps_per_rank'][0]} steps of batch {ddp['global_batch'] // ddp['devices']}: the same per-rank "
-             f"work as the single run, and {ddp['devices']}x the images in all."]
-    lines.append(f"- DDP's own cost is in the iteration time: **{ddp['steady_iteration_seconds'] * 1000:.1f} ms** per "
-                 f"step on the slowest rank against **{one['steady_iteration_seconds'] * 1000:.1f} ms** alone "
-                 f"({ddp['steady_iteration_seconds'] / one['steady_iteration_seconds']:.2f}x): the gradient "
-                 "all-reduce not hidden behind the backward pass, plus, on a CPU, the ranks sharing cores and memory "
-                 "bandwidth.")
-    dp = modes[modes["mode"].str.startswith("DataParallel")]
-    if len(dp) and dp.iloc[0]["devices"] >= 2:
-        ratio = ddp["images_per_second"] / dp.iloc[0]["images_per_second"]
-        lines.append(f"- Against DataParallel on the same GPUs, DDP is **{ratio:.2f}x** as fast: one process per GPU, "
-                     "no weight copies per step, no gathering on GPU 0.")
-    else:
-        lines.append("- DataParallel needs 2 or more GPUs to compare with; the recorded reference table shows it.")
-    return "\n".join(lines)
-
-
 def equivalence_answer(table: pd.DataFrame) -> str:
     """Markdown: is DDP on N ranks the same training as one process with an N-times batch?"""
     lines = []

@@ -41,6 +41,17 @@ def table(benchmark: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def recorded_on_gpus(benchmark: str, command: str) -> pd.DataFrame | str:
+    """The rows of ``benchmark`` recorded on a GPU (any device but a CPU), or, where there are none, one
+    sentence that says so and names ``command``, which records them."""
+    rows = table(benchmark)
+    rows = rows[~rows["device"].str.upper().str.startswith("CPU")] if len(rows) else rows
+    if len(rows):
+        return rows
+    return (f"No GPU numbers of {benchmark} are recorded in benchmarks/results/ yet: on a machine with 2 or more "
+            f"GPUs, `{command}` records them there, and this cell shows them.")
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
