@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +111,21 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def check_bus_bandwidth(bus_bandwidth: Callable[[float, float, int], float], measured: pd.DataFrame,
+                        ranks: tuple[int, ...] = (2, 4, 8)) -> str:
+    """The check of notebook 08's exercise: does the learner's ``bus_bandwidth(bytes, seconds, ranks)`` give
+    what the all-reduce measurement computed, on the ranks it ran and on more (where the two bandwidths part)?"""
+    wrong = []
+    for row in measured.itertuples():
+        for count in sorted({int(row.world_size), *ranks}):
+            expected = row.algorithm_gb_per_s * 2 * (count - 1) / count
+            if abs(bus_bandwidth(row.bytes, row.seconds, count) - expected) > 1e-6 * max(1.0, expected):
+                wrong.append((int(row.bytes), count, expected))
+    if not wrong:
+        return (f"Done: your bus bandwidth matches all {len(measured)} measured sizes, on "
+                f"{measured['world_size'].iloc[0]} ranks and on {', '.join(map(str, ranks))}.")
+    size, count, expected = wrong[0]
+    return (f"Not yet: for {size} bytes on {count} ranks the bus bandwidth is {expected:.3f} GB/s; your function gives "
+            "another figure. Each link of a ring carries 2(n-1)/n of the message.")
