@@ -133,3 +133,33 @@ def test_the_dataparallel_exercise_check_loads_the_weights_into_the_plain_model(
     torch.save(wrapped.module.state_dict(), tmp_path / "plain.pt")
     assert dataparallel.check_plain_load(tmp_path / "plain.pt", "small_cnn").startswith("Done")
     assert dataparallel.check_plain_load(tmp_path / "plain.pt", "small_cnn_gn").startswith("Not yet: the plain")
+
+
+def test_the_capstone_answer_compares_means_and_calls_an_impossible_efficiency_disturbed():
+    from course_utils.lessons import detection
+    from course_utils.parallel import transport
+
+    scaled = pd.DataFrame([
+        {"ranks": 1, "global_batch": 8, "mean_iteration_seconds": 1.0, "speedup": 1.0, "efficiency": 1.0,
+         "box_ap": 0.1},
+        {"ranks": 2, "global_batch": 8, "mean_iteration_seconds": 0.4, "speedup": 2.5, "efficiency": 1.25,
+         "box_ap": 0.2}])
+    steps = pd.DataFrame([{"communication_percent": 10.0, "step_ms": 100.0, "hidden_ms": 2.0,
+                           "communication_ms": 10.0}])
+    amp = pd.DataFrame([{"amp": "off", "seconds_per_iteration": 1.0, "speedup": 1.0, "box_ap": 0.1, "device": "CPU"},
+                        {"amp": "bf16", "seconds_per_iteration": 1.2, "speedup": 0.83, "box_ap": 0.1,
+                         "device": "CPU"}])
+    text = detection.answer(scaled, steps, transport.read([]), amp, "CPU processes", False)
+    assert "disturbed measurement" in text and "0.400 s/it" in text
+    assert "not the interconnect alone" in text and "frozen BatchNorm" in text
+    assert "the interconnect is the difference" not in text
+    honest = scaled.assign(efficiency=[1.0, 0.9], speedup=[1.0, 1.8])
+    assert "disturbed" not in detection.answer(honest, steps, transport.read([]), amp, "CPU processes", False)
+
+
+def test_the_team_s_seconds_per_iteration_are_their_training_time_over_90000_iterations():
+    from course_utils.lessons import detection
+
+    for row in detection.TEAM.itertuples():
+        hours, minutes, seconds = map(int, row.wall_time.split(":"))
+        assert (hours * 3600 + minutes * 60 + seconds) / 90_000 == pytest.approx(row.seconds_per_iteration, abs=2e-4)

@@ -52,6 +52,8 @@ def table(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
         "images_per_second": s["images_per_second"],
         "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in s["per_rank"]),
         "wall_seconds": sum(s["epoch_seconds"]),
+        "steps": s["steps"],
+        "mean_iteration_seconds": sum(s["epoch_seconds"]) / s["steps"],  # as Detectron2 reports s/it: a mean
         "device": s["device"],
         **({"box_ap": s["box_ap"]} if "box_ap" in s else {}),  # a detector's runs: what the speed cost in accuracy
     } for s in summaries]).sort_values("ranks").reset_index(drop=True)
