@@ -163,3 +163,22 @@ def test_the_team_s_seconds_per_iteration_are_their_training_time_over_90000_ite
     for row in detection.TEAM.itertuples():
         hours, minutes, seconds = map(int, row.wall_time.split(":"))
         assert (hours * 3600 + minutes * 60 + seconds) / 90_000 == pytest.approx(row.seconds_per_iteration, abs=2e-4)
+
+
+@pytest.mark.parametrize(("given", "expected"), [({"SLURM_JOB_ACCOUNT": "project_465000001"}, "project_465000001"),
+                                                 ({"SLURM_JOB_ACCOUNT": "project_465000001",
+                                                   "SBATCH_ACCOUNT": "project_1"}, "project_1"),
+                                                 ({}, "unset")])
+def test_the_lumi_jupyter_init_bills_notebook_jobs_to_the_session_s_project(tmp_path, given, expected):
+    """sbatch from notebook 08 reads SBATCH_ACCOUNT; in LUMI's Jupyter app Slurm names the project."""
+    import os
+    import subprocess
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "activate").write_text("")
+    init = NOTEBOOKS.parent / "jobs" / "lumi" / "jupyter_init.sh"
+    env = {key: value for key, value in os.environ.items() if key not in ("SLURM_JOB_ACCOUNT", "SBATCH_ACCOUNT")}
+    said = subprocess.run(["bash", "-c", f"source {init} >/dev/null; echo ${{SBATCH_ACCOUNT-unset}}"],
+                          env={**env, "COURSE_VENV": str(tmp_path), "TMPDIR": str(tmp_path), **given},
+                          capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert said == expected
