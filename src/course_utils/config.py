@@ -42,16 +42,7 @@ class Size:
     sweep_steps: int
     progression_epochs: int  # notebook 05: epochs each precision/compilation stage trains
     loader_workers: tuple[int, ...]  # notebook 04: worker counts of the DataLoader sweep
-    parallel_steps: int  # notebooks 06-08: iterations of each throughput measurement
-    scaling_ranks: tuple[int, ...]  # notebook 08: process counts of the scaling study (capped by the devices)
-    allreduce_max_bytes: int  # notebook 08: the largest all-reduce of the bandwidth sweep
-    lr_study_epochs: int  # notebook 08: epochs of each learning-rate scaling case
-    lr_study_samples: int | None  # notebook 08: training images of each case (None: as train_samples)
     minutes_per_notebook: int  # what the README's time column promises
-    detector: str  # notebook 10, and --data coco: the detection model, its batch per process, rate and epochs
-    detection_batch_size: int
-    detection_lr: float
-    detection_epochs: int
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -87,16 +78,7 @@ SIZES: dict[str, Size] = {
         sweep_steps=4,
         progression_epochs=1,
         loader_workers=(2,),
-        parallel_steps=12,
-        scaling_ranks=(1, 2),
-        allreduce_max_bytes=2**22,
-        lr_study_epochs=1,
-        lr_study_samples=1280,
         minutes_per_notebook=1,
-        detector="small_detector",
-        detection_batch_size=4,
-        detection_lr=0.02,
-        detection_epochs=1,
     ),
     "workshop": Size(
         name="workshop",
@@ -116,18 +98,7 @@ SIZES: dict[str, Size] = {
         sweep_steps=20,
         progression_epochs=3,
         loader_workers=(1, 2, 4, 7),
-        parallel_steps=200,
-        scaling_ranks=(1, 2, 4, 8),
-        allreduce_max_bytes=2**30,
-        lr_study_epochs=5,
-        lr_study_samples=None,
         minutes_per_notebook=15,
-        # Detectron2's 1x schedule: 90,000 iterations of 16 images, about 12 epochs of COCO's 118,287; 16 images
-        # are 2 per GPU on 8 GPUs (on fewer GPUs, raise --batch-size so that the global batch stays 16).
-        detector="fasterrcnn_resnet50_fpn",
-        detection_batch_size=2,
-        detection_lr=0.02,
-        detection_epochs=12,
     ),
 }
 

@@ -32,9 +32,9 @@ from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training import checkpoint, models
 from course_utils.training.options import to_flags
-from course_utils.training.resume import NonFiniteLossError
 
 CPU_RANKS = 2  # DDP ranks on a machine without GPUs
+MEASURED_STEPS = {"ci": 12, "workshop": 200}  # iterations of each throughput measurement of 06-10, by course size
 # The runs a lesson makes in its own folders: no progress bar each, and a rerun replaces what the last left.
 SCRATCH = {"progress": False, "overwrite": True}
 
@@ -47,6 +47,11 @@ def iterations_per_epoch(samples: int, batch: int, ranks: Sequence[int]) -> pd.D
         rows.append({"ranks": count, "samples_per_rank": share, "iterations_per_rank": share // batch,
                      "global_batch": batch * count, "images_per_epoch": share // batch * batch * count})
     return pd.DataFrame(rows)
+
+
+def measured_steps(size: str | None = None) -> int:
+    """Iterations of each throughput measurement of notebooks 06-10 at ``size`` (the active size by default)."""
+    return MEASURED_STEPS[config.get_size(size).name]
 
 
 def gpu_count() -> int:
@@ -159,7 +164,7 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
     """
     size = config.get_size(options.get("size"))
     batch = options.pop("batch_size", None) or size.batch_size
-    steps = steps or size.parallel_steps
+    steps = steps or measured_steps(size.name)
     out = Path(out or config.runs_dir() / "parallel-modes")
     gpus = gpu_count()
     ddp_ranks = gpus or CPU_RANKS  # one rank per device, as in the other modes; on one GPU, DDP's own cost
@@ -197,7 +202,7 @@ def dataparallel_profile(steps: int | None = None, out: str | Path | None = None
     size = config.get_size(options.get("size"))
     batch = options.pop("batch_size", None) or size.batch_size
     folder = Path(out or config.runs_dir() / "dataparallel-profile")
-    train(**{**SCRATCH, **options}, max_steps=steps or size.parallel_steps, batch_size=batch * gpus,
+    train(**{**SCRATCH, **options}, max_steps=steps or measured_steps(size.name), batch_size=batch * gpus,
           distributed="dp", trace=str(folder / "trace"), out=folder)
     median = communication.dataparallel_phases(folder / "trace" / TRACE_FILE).median()
     phases = [name.removesuffix("_ms") for name in median.index if name != "step_ms"]
@@ -259,7 +264,7 @@ def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None 
     shape = parallel_shape()
     nproc = nproc or shape.ranks
     options.setdefault("device", shape.device)
-    steps = steps or config.get_size(options.get("size")).parallel_steps
+    steps = steps or measured_steps(options.get("size"))
     out = Path(out or config.runs_dir() / "ddp-knobs")
     rows = []
     for index, (name, knob) in enumerate(tqdm((knobs or DDP_KNOBS).items(), desc="settings", unit="run")):
@@ -284,7 +289,7 @@ def communication_profile(buckets: int = 8, nproc: int | None = None, steps: int
     how much of that hid behind computation (rank 0's trace; :mod:`course_utils.observe.communication`)."""
     shape = parallel_shape()
     size = config.get_size(options.get("size"))
-    options = {"device": shape.device, "max_steps": steps or size.parallel_steps, **options}
+    options = {"device": shape.device, "max_steps": steps or measured_steps(size.name), **options}
     gradients = gradient_mib(options.get("model") or size.model, options.get("image_size") or size.image_size)
     rows = []
     for index, cap in enumerate(tqdm((25.0, round(gradients / buckets, 3)), desc="bucket sizes", unit="run")):
@@ -292,38 +297,6 @@ def communication_profile(buckets: int = 8, nproc: int | None = None, steps: int
         steps_table, _ = traced_ranks(nproc or shape.ranks, folder, bucket_cap_mb=cap, **options)
         rows.append({"bucket_cap_mb": cap, "gradient_mib": gradients, "buckets": max(1, math.ceil(gradients / cap)),
                      **steps_table.median().to_dict()})
-    return pd.DataFrame(rows)
-
-
-def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -> pd.DataFrame:
-    """The same epochs at the base batch and at ``factor`` times it: with the base learning rate,
-    with the rate scaled linearly, and with the scaled rate after a warm-up.
-
-    One process trains the large batch; notebook 07 showed that this is the training DDP does
-    with ``factor`` ranks.
-    """
-    size = config.get_size(options.get("size"))
-    batch = options.pop("batch_size", None) or size.batch_size
-    lr = options.pop("lr", None) or size.lr
-    epochs = options.setdefault("epochs", size.lr_study_epochs)
-    options.setdefault("train_samples", size.lr_study_samples)
-    warmup = min(1.0, epochs / 2)  # one epoch, or half of a shorter run
-    out = Path(out or config.runs_dir() / "lr-scaling")
-    cases = [("base batch", batch, lr, 0.0),
-             (f"{factor}x batch, same lr", batch * factor, lr, 0.0),
-             (f"{factor}x batch, {factor}x lr", batch * factor, lr * factor, 0.0),
-             (f"{factor}x batch, {factor}x lr, {warmup:g} epoch warm-up", batch * factor, lr * factor, warmup)]
-    rows = []
-    for index, (name, case_batch, case_lr, warmup) in enumerate(tqdm(cases, desc="cases", unit="run")):
-        row = {"case": name, "batch": case_batch, "lr": case_lr, "warmup_epochs": warmup, "run": out / f"case-{index}"}
-        try:
-            summary = train(**{**SCRATCH, **options}, batch_size=case_batch, lr=case_lr,
-                            warmup_epochs=warmup, out=row["run"])
-        except NonFiniteLossError as error:  # a diverged run is a result of this experiment, not a failure
-            rows.append({**row, "status": f"diverged: {error}".split(";")[0]})
-            continue
-        rows.append({**row, "status": "ok", "steps": summary["steps"], "final_train_loss": summary["final_train_loss"],
-                     "test_top1": summary["test_top1"], "test_top5": summary["test_top5"]})
     return pd.DataFrame(rows)
 
 

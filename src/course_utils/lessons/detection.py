@@ -18,10 +18,11 @@ from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.lessons import scaling, spread
-from course_utils.lessons.data_parallel import SCRATCH, parallel_shape, traced_ranks
+from course_utils.lessons.data_parallel import SCRATCH, measured_steps, parallel_shape, traced_ranks
 from course_utils.parallel import transport
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
+from course_utils.training.detection_models import DETECTION_RECIPES
 
 # The team's runs (Detectron2, Faster R-CNN R50-FPN, COCO 2017, 1x schedule, HGX A100 node); the model
 # zoo's reference is 37.9 AP at 0.210 s/it on 8 V100 with NVLink. Their s/it is Detectron2's "overall training
@@ -44,9 +45,9 @@ def team_table() -> pd.DataFrame:
 
 
 def _options(options: dict[str, Any]) -> dict[str, Any]:
-    size = config.get_size(options.get("size"))
     shape = parallel_shape()
-    return {"data": "coco", "device": shape.device, "max_steps": size.parallel_steps, **SCRATCH, **options}
+    return {"data": "coco", "device": shape.device, "max_steps": measured_steps(options.get("size")), **SCRATCH,
+            **options}
 
 
 def fixed_global_batch(ranks: list[int] | None = None, global_batch: int | None = None,
@@ -54,8 +55,8 @@ def fixed_global_batch(ranks: list[int] | None = None, global_batch: int | None 
     """Strong scaling as the team ran it: the same global batch split over 1, 2, ... ranks; seconds per
     iteration, wall time, speed-up, efficiency and box AP of each run (monitored)."""
     size, shape = config.get_size(options.get("size")), parallel_shape()
-    ranks = ranks or [count for count in size.scaling_ranks if count <= shape.ranks]
-    global_batch = global_batch or size.detection_batch_size * max(ranks)
+    ranks = ranks or [count for count in scaling.scaling_ranks(size.name) if count <= shape.ranks]
+    global_batch = global_batch or DETECTION_RECIPES[size.name].batch_size * max(ranks)
     return scaling.study(ranks, "strong", out=out or config.runs_dir() / "detection-scaling",
                          batch_size=global_batch, monitor="auto", **_options(options))
 

@@ -20,7 +20,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from course_utils import config
-from course_utils.lessons.data_parallel import SCRATCH, parallel_shape, run_ranks
+from course_utils.lessons.data_parallel import SCRATCH, measured_steps, parallel_shape, run_ranks
 from course_utils.observe.memory import KINDS
 from course_utils.train import train
 
@@ -65,7 +65,7 @@ def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | P
     size = config.get_size(options.get("size"))
     shape = parallel_shape()
     out = Path(out or config.runs_dir() / "memory-ladder")
-    common = {"max_steps": steps or size.parallel_steps, "device": shape.device, **SCRATCH, **options}
+    common = {"max_steps": steps or measured_steps(size.name), "device": shape.device, **SCRATCH, **options}
     rows = []
     for index, rung in enumerate(tqdm(rungs, desc="rungs", unit="run")):
         folder = out / f"rung-{index}"

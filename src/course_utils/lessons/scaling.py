@@ -23,11 +23,21 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from course_utils import config
-from course_utils.lessons.data_parallel import run_ranks
+from course_utils.lessons.data_parallel import SCRATCH, run_ranks
 from course_utils.run_folder import RunFolder
+from course_utils.train import train
 from course_utils.training.options import changed_options
+from course_utils.training.resume import NonFiniteLossError
 
 MODES = ("strong", "weak")
+SCALING_RANKS = {"ci": (1, 2), "workshop": (1, 2, 4, 8)}  # process counts of a study (capped by the devices)
+# Each case of the learning-rate study: its epochs and training images (None: the size's own).
+LR_STUDY = {"ci": {"epochs": 1, "train_samples": 1280}, "workshop": {"epochs": 5, "train_samples": None}}
+
+
+def scaling_ranks(size: str | None = None) -> tuple[int, ...]:
+    """The process counts of a scaling study at ``size`` (the active size by default)."""
+    return SCALING_RANKS[config.get_size(size).name]
 
 
 def per_rank_batch(mode: str, batch_size: int, ranks: int) -> int:
@@ -88,6 +98,39 @@ def study(ranks: Sequence[int], mode: str = "weak", out: str | Path | None = Non
         summaries.append(run_ranks(count, out / f"ranks-{count}", echo=echo, **train_options,
                                  batch_size=per_rank_batch(mode, batch, count)).summary)
     return table(summaries)
+
+
+def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -> pd.DataFrame:
+    """The same epochs at the base batch and at ``factor`` times it: with the base learning rate,
+    with the rate scaled linearly, and with the scaled rate after a warm-up.
+
+    One process trains the large batch; notebook 07 showed that this is the training DDP does
+    with ``factor`` ranks.
+    """
+    size = config.get_size(options.get("size"))
+    batch = options.pop("batch_size", None) or size.batch_size
+    lr = options.pop("lr", None) or size.lr
+    study = LR_STUDY[size.name]
+    epochs = options.setdefault("epochs", study["epochs"])
+    options.setdefault("train_samples", study["train_samples"])
+    warmup = min(1.0, epochs / 2)  # one epoch, or half of a shorter run
+    out = Path(out or config.runs_dir() / "lr-scaling")
+    cases = [("base batch", batch, lr, 0.0),
+             (f"{factor}x batch, same lr", batch * factor, lr, 0.0),
+             (f"{factor}x batch, {factor}x lr", batch * factor, lr * factor, 0.0),
+             (f"{factor}x batch, {factor}x lr, {warmup:g} epoch warm-up", batch * factor, lr * factor, warmup)]
+    rows = []
+    for index, (name, case_batch, case_lr, warmup) in enumerate(tqdm(cases, desc="cases", unit="run")):
+        row = {"case": name, "batch": case_batch, "lr": case_lr, "warmup_epochs": warmup, "run": out / f"case-{index}"}
+        try:
+            summary = train(**{**SCRATCH, **options}, batch_size=case_batch, lr=case_lr,
+                            warmup_epochs=warmup, out=row["run"])
+        except NonFiniteLossError as error:  # a diverged run is a result of this experiment, not a failure
+            rows.append({**row, "status": f"diverged: {error}".split(";")[0]})
+            continue
+        rows.append({**row, "status": "ok", "steps": summary["steps"], "final_train_loss": summary["final_train_loss"],
+                     "test_top1": summary["test_top1"], "test_top5": summary["test_top5"]})
+    return pd.DataFrame(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
