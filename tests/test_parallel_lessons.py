@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from course_utils.lessons import ddp, memory_ladder, reference, spread
+from course_utils.lessons import data_parallel, ddp, memory_ladder, reference
 from course_utils.parallel.launch import launch
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -44,9 +44,9 @@ def test_a_cost_below_one_beyond_the_spread_is_disturbed_even_at_a_plausible_spe
 
 
 def test_the_spread_is_robust_to_an_outlier_and_has_a_floor():
-    assert spread.relative_spread([1.0] * 10 + [50.0]) == spread.FLOOR
-    assert spread.relative_spread([1.0, 1.2, 0.8, 1.0, 1.1, 0.9]) == pytest.approx(0.1, abs=0.03)
-    assert spread.within(1.05, 0.06) and not spread.within(1.1, 0.06)
+    assert data_parallel.relative_spread([1.0] * 10 + [50.0]) == data_parallel.SPREAD_FLOOR
+    assert data_parallel.relative_spread([1.0, 1.2, 0.8, 1.0, 1.1, 0.9]) == pytest.approx(0.1, abs=0.03)
+    assert data_parallel.within_spread(1.05, 0.06) and not data_parallel.within_spread(1.1, 0.06)
 
 
 def test_the_script_and_the_command_agree_within_the_spread_or_say_what_differs():

@@ -1,4 +1,4 @@
-"""Notebook 10, the capstone: a cluster team's Detectron2 study of Faster R-CNN R50-FPN on COCO, redone with
+"""Notebook 10: the capstone, a cluster team's Detectron2 study of Faster R-CNN R50-FPN on COCO, redone with
 the course's tools, and their numbers beside the learner's.
 
 The team trained the 1x schedule (90,000 iterations of 16 images) on an HGX A100 node with 1, 2 and
@@ -17,8 +17,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from course_utils import config
-from course_utils.lessons import scaling, spread
-from course_utils.lessons.data_parallel import SCRATCH, measured_steps, parallel_shape, traced_ranks
+from course_utils.lessons import scaling
+from course_utils.lessons.data_parallel import SCRATCH, SPREAD_FLOOR, measured_steps, parallel_shape, traced_ranks
 from course_utils.parallel import transport
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
@@ -126,7 +126,7 @@ def answer(scaled: pd.DataFrame, steps: pd.DataFrame, found: transport.Transport
 
 
 def _disturbed(efficiency: float) -> str:
-    if efficiency <= 1 + 2 * spread.FLOOR:
+    if efficiency <= 1 + 2 * SPREAD_FLOOR:
         return ""
     return (" (above 100 % of ideal: a disturbed measurement, most likely the one-rank run slowed by other work on "
             "the machine, not a finding)")

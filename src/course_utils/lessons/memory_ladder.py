@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config
@@ -161,3 +163,60 @@ def check_fewer_groups(before: pd.DataFrame, after: pd.DataFrame) -> str:
     return (f"Done: each rank still keeps {state_after:.2f} MiB between steps (before: {state_before:.2f}), since the "
             f"root's fully_shard shards what the blocks left; but the largest group, gathered whole while it runs, "
             f"grew from {group_before:.2f} to {group_after:.2f} MiB: that is what a rank's peak pays.")
+
+
+def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:
+    """Markdown: what sharding saved per rank and what activation checkpointing traded, from the ladder."""
+    rows = ladder.set_index("rung")
+    ddp, fsdp, recomputed = (rows.loc[name] for name in ("DDP", "FSDP", "FSDP + activation checkpointing"))
+    state = ["parameters_mib", "gradients_mib", "optimizer_state_mib"]
+    ddp_state, fsdp_state = ddp[state].sum(), fsdp[state].sum()
+    recompute_change = recomputed["images_per_second"] / fsdp["images_per_second"] - 1
+    fsdp_change = fsdp["images_per_second"] / ddp["images_per_second"] - 1
+    noise = " (faster here: short runs vary by several percent, and this difference is within that)"
+    lines = [
+        f"- Where the ranks ran: {where}.",
+        f"- DDP keeps the whole model's state on every rank: **{ddp_state:.1f} MiB** of parameters, gradients and "
+        f"optimizer state. FSDP over {int(fsdp['ranks'])} ranks keeps **{fsdp_state:.1f} MiB** per rank "
+        f"({fsdp_state / ddp_state:.0%} of it): each rank holds its shard, and the whole of a block only while "
+        "that block runs.",
+        f"- The saved activations did not shrink with sharding (**{ddp['activations_mib']:.1f}** MiB under DDP, "
+        f"**{fsdp['activations_mib']:.1f}** under FSDP): each rank still trains its whole batch through the whole "
+        "model. Activation checkpointing cut them to "
+        f"**{recomputed['activations_mib']:.1f} MiB** ({recomputed['activations_mib'] / fsdp['activations_mib']:.0%}) "
+        "by running every block's forward pass again in the backward pass, about a third more compute: "
+        f"**{recomputed['images_per_second']:.0f}** images/s against **{fsdp['images_per_second']:.0f}** "
+        f"({recompute_change:+.0%}){noise if recompute_change > 0 else ''}.",
+        f"- FSDP ran at **{fsdp['images_per_second']:.0f}** images/s against DDP's **{ddp['images_per_second']:.0f}** "
+        f"({fsdp_change:+.0%}). Per step it all-gathers every block's parameters twice (forward and backward) and "
+        "reduce-scatters the gradients, about 1.5 times the bytes of DDP's all-reduce; what that costs depends on "
+        "how much of it hides behind the computation, which is what the recorded GPU rows below show.",
+    ]
+    if "skipped" in rows and rows["skipped"].notna().any():
+        skipped = rows[rows["skipped"].notna()]
+        lines.append("- Not measured here: " + "; ".join(f"{name} ({why})" for name, why in skipped["skipped"].items()))
+    return "\n".join(lines)
+
+
+def plot(table: pd.DataFrame) -> Figure:
+    """Memory per rank by kind, stacked, for each rung of the ladder; its speed beside it."""
+    measured = table.dropna(subset=["total_mib"]) if "total_mib" in table else table.iloc[:0]
+    kinds = [("parameters_mib", "parameters"), ("gradients_mib", "gradients"),
+             ("optimizer_state_mib", "optimizer state"), ("activations_mib", "saved activations")]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    start = pd.Series(0.0, index=measured.index)
+    for column, label in kinds:
+        left.barh(measured["rung"], measured[column], left=start, label=label)
+        start += measured[column]
+    peaks = measured.dropna(subset=["peak_allocated_mib"])
+    if len(peaks):
+        left.scatter(peaks["peak_allocated_mib"], peaks["rung"], marker="|", s=300, color="black",
+                     label="allocator's peak", zorder=3)
+    left.invert_yaxis()
+    left.set(xlabel="MiB per rank", title="Memory of one training step, per rank")
+    left.legend(fontsize=7, loc="lower right")
+    right.barh(measured["rung"], measured["images_per_second"], color="tab:gray")
+    right.invert_yaxis()
+    right.set(xlabel="images per second (all ranks)", title="Speed", yticklabels=[])
+    fig.tight_layout()
+    return fig

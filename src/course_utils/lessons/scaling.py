@@ -1,4 +1,5 @@
-"""Strong and weak scaling: the same training at 1..N ranks, with speed-up and efficiency (notebook 08).
+"""Notebook 08: strong and weak scaling (the same training at 1..N ranks, with speed-up and efficiency), the
+large-batch learning rate, the all-reduce's bandwidth, their answers and plots.
 
 Strong scaling keeps the global batch and splits it over more ranks (each does less work per
 step); weak scaling keeps the batch per rank (the global batch grows with the ranks). Ideal is a
@@ -19,11 +20,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.lessons.data_parallel import SCRATCH, run_ranks
+from course_utils.observe.metrics import load_run
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training.options import changed_options
@@ -131,6 +135,96 @@ def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -
         rows.append({**row, "status": "ok", "steps": summary["steps"], "final_train_loss": summary["final_train_loss"],
                      "test_top1": summary["test_top1"], "test_top5": summary["test_top5"]})
     return pd.DataFrame(rows)
+
+
+def scaling_answer(tables: dict[str, pd.DataFrame]) -> str:
+    """Markdown: how well each study scaled, at its largest rank count."""
+    lines = []
+    for name, table in tables.items():
+        last = table.iloc[-1]
+        lines.append(f"- **{name}**: {int(last['ranks'])} ranks gave **{last['speedup']:.2f}x** the throughput of "
+                     f"{int(table.iloc[0]['ranks'])} ({last['efficiency']:.0%} efficiency), global batch "
+                     f"{int(last['global_batch'])}.")
+    lines.append("- Strong scaling shrinks each rank's batch, so compute per step falls while the all-reduce stays the "
+                 "same size: efficiency drops first there. Weak scaling keeps each rank busy and is limited by the "
+                 "all-reduce and by stragglers; on CPU processes that share cores it also shows the cores running out.")
+    return "\n".join(lines)
+
+
+def lr_answer(table: pd.DataFrame) -> str:
+    """Markdown: what a larger global batch needs from the learning rate, from the cases just trained."""
+    base = table.iloc[0]
+    lines = []
+    for row in table.itertuples():
+        if row.status != "ok":
+            lines.append(f"- **{row.case}**: {row.status}.")
+            continue
+        lines.append(f"- **{row.case}**: {row.steps:.0f} steps, final training loss {row.final_train_loss:.3f}, "
+                     f"test top-1 {row.test_top1:.1f} % (base batch: {base['test_top1']:.1f} %).")
+    factor = int(table.iloc[1]["batch"] // base["batch"])
+    lines.append(f"- With {factor}x the batch an epoch has {factor}x fewer steps: at the same learning rate the model "
+                 "moves less per epoch. Scaling the rate with the batch (the linear rule) restores the distance "
+                 "travelled; the warm-up avoids the large early steps that can throw a freshly initialised network "
+                 "off course, which is where an unwarmed large rate loses accuracy or diverges.")
+    return "\n".join(lines)
+
+
+def allreduce_answer(table: pd.DataFrame) -> str:
+    """Markdown: latency and bandwidth of the all-reduce just measured."""
+    small, large = table.iloc[0], table.iloc[-1]
+    return "\n".join([
+        f"- {int(large['world_size'])} ranks over **{large['backend']}**: the smallest message "
+        f"({int(small['bytes'])} B) "
+        f"took **{small['seconds'] * 1e6:.0f} µs**, almost all latency; the largest ({int(large['bytes']) / 2**20:.0f} "
+        f"MiB) reached a bus bandwidth of **{large['bus_gb_per_s']:.2f} GB/s**.",
+        "- Compare the large-message bus bandwidth with the link: NVLink 3/4 carries a few hundred GB/s per "
+        "direction, Infinity Fabric between MI250X GCDs 50-200 GB/s, a Slingshot-11 port 25 GB/s. Far below "
+        "the link means the transport is not the one you think (NCCL_DEBUG=INFO tells).",
+    ])
+
+
+def plot_scaling(tables: dict[str, pd.DataFrame]) -> Figure:
+    """Speed-up against the ideal line, and parallel efficiency, for each study (e.g. strong, weak)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    most = max(int(t["ideal"].max()) for t in tables.values())
+    left.plot([1, most], [1, most], "k--", lw=1, label="ideal")
+    for name, table in tables.items():
+        left.plot(table["ideal"], table["speedup"], "o-", label=name)
+        right.plot(table["ranks"], 100 * table["efficiency"], "o-", label=name)
+    left.set(xlabel="ranks (relative to the first run)", ylabel="speed-up", title="Speed-up")
+    right.axhline(100, color="k", ls="--", lw=1)
+    right.axhline(90, color="0.6", ls=":", lw=1, label="90 %")
+    right.set(xlabel="ranks", ylabel="efficiency (%)", title="Parallel efficiency", ylim=(0, 110))
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_allreduce(table: pd.DataFrame) -> Figure:
+    """Bus bandwidth and time per all-reduce against message size, log-log."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    left.loglog(table["bytes"], table["seconds"] * 1e6, "o-")
+    left.set(xlabel="message size (bytes)", ylabel="time per all-reduce (µs)", title="Latency, then bandwidth")
+    right.semilogx(table["bytes"], table["bus_gb_per_s"], "o-", label="bus bandwidth")
+    right.semilogx(table["bytes"], table["algorithm_gb_per_s"], ".:", label="algorithm bandwidth")
+    right.set(xlabel="message size (bytes)", ylabel="GB/s", title="Bandwidth")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lr(table: pd.DataFrame) -> Figure:
+    """Training loss of each learning-rate case that finished against the epochs seen, overlaid: an epoch of
+    a larger batch has fewer steps, so the x axis is in epochs."""
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for row in table[table["status"] == "ok"].itertuples():
+        steps = load_run(row.run).steps
+        ax.plot(steps["step"] / steps["step"].max() * steps["epoch"].max(), steps["loss"], label=row.case, alpha=0.85)
+    ax.set(xlabel="epochs", ylabel="training loss", title="Large batch: learning rate and warm-up")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
