@@ -182,3 +182,37 @@ def test_the_lumi_jupyter_init_bills_notebook_jobs_to_the_session_s_project(tmp_
                           env={**env, "COURSE_VENV": str(tmp_path), "TMPDIR": str(tmp_path), **given},
                           capture_output=True, text=True, check=True).stdout.split()[-1]
     assert said == expected
+
+
+def test_dataparallel_on_one_gpu_reads_the_wrapper_s_cost_against_the_spread():
+    from course_utils.lessons import dataparallel
+
+    def modes(dp_rate, spread):
+        return pd.DataFrame([{"mode": "one device", "images_per_second": 100.0, "speedup": 1.0,
+                              "iteration_spread": spread},
+                             {"mode": "DataParallel, 1 device(s)", "images_per_second": dp_rate, "devices": 1,
+                              "speedup": dp_rate / 100, "iteration_spread": spread}])
+    assert "**no measurable difference**" in dataparallel.dataparallel_answer(modes(97.0, 0.03), 1)
+    assert "run the cell again" in dataparallel.dataparallel_answer(modes(70.0, 0.03), 1)
+    two = modes(260.0, 0.03).assign(devices=[1, 2], peak_memory_per_device_mib=[None, [900.0, 500.0]])
+    assert "Disturbed measurement" in dataparallel.dataparallel_answer(two, 2)
+
+
+def test_ddp_knobs_inside_the_spread_are_no_measurable_difference():
+    knobs = pd.DataFrame([{"setting": "defaults", "images_per_second": 100.0, "relative": 1.0,
+                           "iteration_spread": 0.04},
+                          {"setting": "1 MB buckets", "images_per_second": 104.0, "relative": 1.04,
+                           "iteration_spread": 0.04},
+                          {"setting": "grad_accum 2", "images_per_second": 150.0, "relative": 1.5,
+                           "iteration_spread": 0.04}])
+    lines = ddp.knobs_answer(knobs).splitlines()
+    assert lines[1].endswith("no measurable difference.") and "faster by more than" in lines[2]
+
+
+def test_a_scaling_study_above_the_ideal_is_a_disturbed_measurement():
+    from course_utils.lessons import scaling
+
+    table = pd.DataFrame([{"ranks": 1, "speedup": 1.0, "efficiency": 1.0, "global_batch": 64},
+                          {"ranks": 2, "speedup": 2.6, "efficiency": 1.3, "global_batch": 128}])
+    assert "disturbed measurement" in scaling.scaling_answer({"weak": table})
+    assert "disturbed" not in scaling.scaling_answer({"weak": table.assign(speedup=[1.0, 1.8], efficiency=[1.0, 0.9])})

@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from course_utils import config
-from course_utils.lessons.data_parallel import SCRATCH, gpu_count, measured_steps
+from course_utils.lessons.data_parallel import SCRATCH, combined_spread, gpu_count, measured_steps, within_spread
 from course_utils.observe import communication
 from course_utils.observe.profiling import TRACE_FILE
 from course_utils.train import train
@@ -58,12 +58,21 @@ def dataparallel_profile(steps: int | None = None, out: str | Path | None = None
 def dataparallel_answer(modes: pd.DataFrame, gpus: int) -> str:
     """Markdown: what DataParallel bought over one device, and where its memory went."""
     one, dp = modes.iloc[0], modes[modes["mode"].str.startswith("DataParallel")].iloc[0]
+    width = combined_spread(one["iteration_spread"], dp["iteration_spread"])
     if gpus < 2:
+        verdict = ("**no measurable difference**: the wrapper alone costs less than these runs vary"
+                   if within_spread(dp["speedup"], width) else
+                   "more than these runs vary, though the wrapper only calls the model here: another process on the "
+                   "same cores during one run does that; run the cell again before reading anything into it")
         return (f"- This machine has **{gpus} GPU(s)**, so DataParallel had nothing to split: the run measures its "
                 f"wrapper alone, **{dp['images_per_second']:.0f}** images/s against **{one['images_per_second']:.0f}** "
-                f"without it ({dp['speedup']:.2f}x; short runs vary by several percent). On 2 or more GPUs the "
-                "notebook measures the real thing (on LUMI: a Jupyter session or job with 2 or more GCDs); the "
-                "recorded table below shows it.")
+                f"without it ({dp['speedup']:.2f}x, iterations varying by about ±{width:.0%}): {verdict}. On 2 or more "
+                "GPUs the notebook measures the real thing (on LUMI: a Jupyter session or job with 2 or more GCDs).")
+    if dp["speedup"] / dp["devices"] > 1 + width:
+        return (f"- **Disturbed measurement**: DataParallel over {dp['devices']} GPUs measured {dp['speedup']:.2f}x "
+                f"one GPU, above the ideal {dp['devices']}x, which one process feeding every GPU cannot reach. The "
+                "single-GPU run was slowed by something else (another job on the GPU, a clock drop): run the "
+                "comparison again.")
     memory = dp["peak_memory_per_device_mib"]
     others = sum(memory[1:]) / len(memory[1:])
     return "\n".join([

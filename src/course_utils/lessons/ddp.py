@@ -29,6 +29,7 @@ from course_utils.data.loaders import shard_sampler
 from course_utils.lessons.data_parallel import (
     SCRATCH,
     combined_spread,
+    iteration_spread,
     measured_steps,
     parallel_shape,
     relative_spread,
@@ -218,7 +219,7 @@ def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None 
         summary = run_ranks(nproc, out / f"setting-{index}", max_steps=steps, **options, **knob).summary
         rows.append({"setting": name, "images_per_second": summary["images_per_second"],
                      "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in summary["per_rank"]),
-                     "global_batch": summary["global_batch_size"]})
+                     "global_batch": summary["global_batch_size"], "iteration_spread": iteration_spread(summary)})
     table = pd.DataFrame(rows)
     table["relative"] = table["images_per_second"] / table["images_per_second"].iloc[0]
     return table
@@ -286,12 +287,19 @@ def equivalence_answer(table: pd.DataFrame) -> str:
 
 
 def knobs_answer(knobs: pd.DataFrame) -> str:
-    """Markdown: what each DDP setting did to throughput here."""
-    lines = [f"- **{row.setting}**: {row.images_per_second:.0f} images/s ({row.relative:.2f}x the defaults)."
-             for row in knobs.itertuples()]
-    lines.append("- Differences of a few percent are within the run-to-run spread of short runs. The knobs matter "
-                 "when communication is expensive: many small buckets cost latency, huge ones start the all-reduce "
-                 "late; bucket views save a copy of every gradient; accumulation all-reduces once per N batches.")
+    """Markdown: what each DDP setting did to throughput here, read against the runs' spread."""
+    base = knobs.iloc[0]
+    lines = []
+    for row in knobs.itertuples():
+        width = combined_spread(base["iteration_spread"], row.iteration_spread)
+        faster = "faster" if row.relative > 1 else "slower"
+        verdict = ("" if row.Index == 0 else ": no measurable difference" if within_spread(row.relative, width)
+                   else f": {faster} by more than the ±{width:.0%} these runs varied")
+        lines.append(f"- **{row.setting}**: {row.images_per_second:.0f} images/s ({row.relative:.2f}x the defaults)"
+                     f"{verdict}.")
+    lines.append("- The knobs matter when communication is expensive: many small buckets cost latency, huge ones start "
+                 "the all-reduce late; bucket views save a copy of every gradient; accumulation all-reduces once per N "
+                 "batches.")
     return "\n".join(lines)
 
 

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config
-from course_utils.lessons.data_parallel import SCRATCH, run_ranks
+from course_utils.lessons.data_parallel import SCRATCH, SPREAD_FLOOR, run_ranks
 from course_utils.observe.metrics import load_run
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
@@ -142,9 +142,12 @@ def scaling_answer(tables: dict[str, pd.DataFrame]) -> str:
     lines = []
     for name, table in tables.items():
         last = table.iloc[-1]
+        above = last["efficiency"] > 1 + 2 * SPREAD_FLOOR
+        disturbed = (": above the ideal, a **disturbed measurement** (the smaller run slowed by other work on the "
+                     "machine), not a finding; run the study again" if above else "")
         lines.append(f"- **{name}**: {int(last['ranks'])} ranks gave **{last['speedup']:.2f}x** the throughput of "
                      f"{int(table.iloc[0]['ranks'])} ({last['efficiency']:.0%} efficiency), global batch "
-                     f"{int(last['global_batch'])}.")
+                     f"{int(last['global_batch'])}{disturbed}.")
     lines.append("- Strong scaling shrinks each rank's batch, so compute per step falls while the all-reduce stays the "
                  "same size: efficiency drops first there. Weak scaling keeps each rank busy and is limited by the "
                  "all-reduce and by stragglers; on CPU processes that share cores it also shows the cores running out.")
