@@ -190,7 +190,7 @@ def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:
         f"- FSDP ran at **{fsdp['images_per_second']:.0f}** images/s against DDP's **{ddp['images_per_second']:.0f}** "
         f"({fsdp_change:+.0%}). Per step it all-gathers every block's parameters twice (forward and backward) and "
         "reduce-scatters the gradients, about 1.5 times the bytes of DDP's all-reduce; what that costs depends on "
-        "how much of it hides behind the computation, which is what the recorded GPU rows below show.",
+        "how much of it hides behind the computation, which GPUs show (the table of GPU rows below, once recorded).",
     ]
     if "skipped" in rows and rows["skipped"].notna().any():
         skipped = rows[rows["skipped"].notna()]
