@@ -16,12 +16,13 @@ from pathlib import Path
 from course_utils import config
 from course_utils.devices import device_name
 from course_utils.lessons import data_parallel, reference
+from course_utils.parallel import allreduce
 from course_utils.parallel.launch import launch
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max-bytes", default=str(config.get_size().allreduce_max_bytes))
+    parser.add_argument("--max-bytes", default=str(allreduce.MAX_BYTES[config.get_size().name]))
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
     shape = data_parallel.parallel_shape()

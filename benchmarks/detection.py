@@ -16,12 +16,13 @@ import tempfile
 from course_utils import config
 from course_utils.devices import device_name
 from course_utils.lessons import data_parallel, detection, reference
+from course_utils.training.detection_models import DETECTION_RECIPES
 
 
 def main() -> None:
     size = config.get_size()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=size.parallel_steps)
+    parser.add_argument("--steps", type=int, default=data_parallel.measured_steps(size.name))
     parser.add_argument("--global-batch", type=int, default=None)
     parser.add_argument("--amp", default="off", choices=("off", "fp16", "bf16"))
     args = parser.parse_args()
@@ -29,7 +30,8 @@ def main() -> None:
         table = detection.fixed_global_batch(global_batch=args.global_batch, out=out, max_steps=args.steps,
                                              amp=args.amp)
     print(table.round(3).to_string(index=False))
-    rows = [{"size": size.name, "model": size.detector, "steps": args.steps, "amp": args.amp, **row}
+    model = DETECTION_RECIPES[size.name].model
+    rows = [{"size": size.name, "model": model, "steps": args.steps, "amp": args.amp, **row}
             for row in table.to_dict("records")]
     shape = data_parallel.parallel_shape()
     path = reference.record('detection', rows, device_name(shape.rank_device), reference.data_used('coco'))

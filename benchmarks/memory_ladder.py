@@ -20,7 +20,7 @@ from course_utils.lessons import data_parallel, memory_ladder, reference
 def main() -> None:
     size = config.get_size()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=size.parallel_steps)
+    parser.add_argument("--steps", type=int, default=data_parallel.measured_steps(size.name))
     parser.add_argument("--model", default=size.model)
     parser.add_argument("--batch-size", type=int, default=size.batch_size)
     parser.add_argument("--image-size", type=int, default=size.image_size)

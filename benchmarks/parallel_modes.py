@@ -24,7 +24,7 @@ from course_utils.lessons import data_parallel, reference
 def main() -> None:
     size = config.get_size()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3 * size.parallel_steps)
+    parser.add_argument("--steps", type=int, default=3 * data_parallel.measured_steps(size.name))
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     tables = []

@@ -25,10 +25,10 @@ def main() -> None:
     size = config.get_size()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=size.model)
-    parser.add_argument("--steps", type=int, default=3 * size.parallel_steps)
+    parser.add_argument("--steps", type=int, default=3 * data_parallel.measured_steps(size.name))
     args = parser.parse_args()
     shape = data_parallel.parallel_shape()
-    counts = [count for count in size.scaling_ranks if count <= shape.ranks]
+    counts = [count for count in scaling.scaling_ranks(size.name) if count <= shape.ranks]
     options = {"model": args.model, "max_steps": args.steps, "device": shape.device}
     with tempfile.TemporaryDirectory() as out:
         weak = scaling.study(counts, "weak", out=Path(out) / "weak", **options)

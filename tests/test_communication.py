@@ -104,7 +104,7 @@ def test_dataparallel_phases_are_read_from_a_real_profiler_trace(tmp_path):
 
 
 def test_the_dataparallel_answer_reads_the_phases_or_says_what_they_would_show():
-    from course_utils.lessons.parallel_answers import dataparallel_phases_answer
+    from course_utils.lessons.dataparallel import dataparallel_phases_answer
 
     assert "no scatter, replicate or gather to profile" in dataparallel_phases_answer(None, 1)
     phases = pd.DataFrame({"phase": ["scatter", "replicate", "parallel_apply", "gather", "reduce_gradients",
@@ -115,18 +115,18 @@ def test_the_dataparallel_answer_reads_the_phases_or_says_what_they_would_show()
 
 
 def test_with_fewer_than_two_gpus_there_is_no_dataparallel_profile(monkeypatch, tmp_path):
-    from course_utils.lessons import data_parallel
+    from course_utils.lessons import dataparallel
 
-    monkeypatch.setattr(data_parallel, "gpu_count", lambda: 1)
-    assert data_parallel.dataparallel_profile(out=tmp_path) is None and not any(tmp_path.iterdir())
+    monkeypatch.setattr(dataparallel, "gpu_count", lambda: 1)
+    assert dataparallel.dataparallel_profile(out=tmp_path) is None and not any(tmp_path.iterdir())
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 or more visible GPUs")
 def test_dataparallel_on_two_gpus_spends_time_replicating_and_copying(quick):
-    from course_utils.lessons import data_parallel
+    from course_utils.lessons import dataparallel
 
-    phases = data_parallel.dataparallel_profile(steps=6, **{**quick, "device": "auto", "epochs": 1})
+    phases = dataparallel.dataparallel_profile(steps=6, **{**quick, "device": "auto", "epochs": 1})
     ms = dict(zip(phases["phase"], phases["ms"]))
     assert ms["replicate"] > 0 and ms["scatter"] > 0 and ms["gather"] > 0 and ms["gpu_copies"] > 0
     assert ms["reduce_gradients"] > 0 and ms["whole step"] > ms["replicate"]

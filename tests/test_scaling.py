@@ -47,7 +47,7 @@ def test_allreduce_alone_says_how_to_start_it(monkeypatch, capsys):
 def _summary(ranks: int, rate: float, batch: int = 32) -> dict:
     return {"world_size": ranks, "config": {"batch_size": batch}, "global_batch_size": batch * ranks,
             "images_per_second": rate, "device": "CPU", "epoch_seconds": [1000 / rate, 900 / rate],
-            "per_rank": [{"steady_iteration_seconds": batch / rate * ranks}] * ranks}
+            "per_rank": [{"steady_iteration_seconds": batch / rate * ranks}] * ranks, "steps": 50}
 
 
 def test_scaling_table_speedup_and_efficiency():
@@ -56,6 +56,7 @@ def test_scaling_table_speedup_and_efficiency():
     assert list(rows["speedup"]) == pytest.approx([1.0, 1.9, 3.6])
     assert list(rows["efficiency"]) == pytest.approx([1.0, 0.95, 0.9])
     assert list(rows["wall_seconds"]) == pytest.approx([19.0, 10.0, 1900 / 360])  # every epoch's training time
+    assert list(rows["mean_iteration_seconds"]) == pytest.approx([19.0 / 50, 10.0 / 50, 1900 / 360 / 50])  # a mean
     assert "box_ap" not in rows  # a classifier's runs
 
 

@@ -13,6 +13,11 @@ mkdir -p "$MIOPEN_USER_DB_PATH"
 # The inline %tensorboard cannot reach the compute node through the web interface's proxy:
 # course_utils.observe.tensorboard.show() names the TensorBoard app instead.
 export COURSE_TENSORBOARD_APP="the web interface's Apps > TensorBoard"
+# sbatch from a notebook (08's 2-node job, 10's) bills the project this Jupyter session runs under, which
+# Slurm names in SLURM_JOB_ACCOUNT; an SBATCH_ACCOUNT set before keeps its value.
+if [[ -z "${SBATCH_ACCOUNT:-}" && -n "${SLURM_JOB_ACCOUNT:-}" ]]; then
+  export SBATCH_ACCOUNT=$SLURM_JOB_ACCOUNT
+fi
 # The course's server configuration, as `make lab` uses it: notebooks are saved without outputs, so that
 # running them leaves the checkout clean for the next `git pull`.
 export JUPYTER_CONFIG_PATH="$course_root/jupyter${JUPYTER_CONFIG_PATH:+:$JUPYTER_CONFIG_PATH}"

@@ -36,16 +36,7 @@ class Size:
     log_every: int
     image_size: int
     generated_data: bool  # True: tiny data made by data_prep, False: the official archive
-    parallel_steps: int  # notebooks 06-08: iterations of each throughput measurement
-    scaling_ranks: tuple[int, ...]  # notebook 08: process counts of the scaling study (capped by the devices)
-    allreduce_max_bytes: int  # notebook 08: the largest all-reduce of the bandwidth sweep
-    lr_study_epochs: int  # notebook 08: epochs of each learning-rate scaling case
-    lr_study_samples: int | None  # notebook 08: training images of each case (None: as train_samples)
     minutes_per_notebook: int  # what the README's time column promises
-    detector: str  # notebook 10, and --data coco: the detection model, its batch per process, rate and epochs
-    detection_batch_size: int
-    detection_lr: float
-    detection_epochs: int
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -75,16 +66,7 @@ SIZES: dict[str, Size] = {
         log_every=5,
         image_size=32,
         generated_data=True,
-        parallel_steps=12,
-        scaling_ranks=(1, 2),
-        allreduce_max_bytes=2**22,
-        lr_study_epochs=1,
-        lr_study_samples=1280,
         minutes_per_notebook=1,
-        detector="small_detector",
-        detection_batch_size=4,
-        detection_lr=0.02,
-        detection_epochs=1,
     ),
     "workshop": Size(
         name="workshop",
@@ -98,18 +80,7 @@ SIZES: dict[str, Size] = {
         log_every=20,
         image_size=32,
         generated_data=False,
-        parallel_steps=200,
-        scaling_ranks=(1, 2, 4, 8),
-        allreduce_max_bytes=2**30,
-        lr_study_epochs=5,
-        lr_study_samples=None,
         minutes_per_notebook=15,
-        # Detectron2's 1x schedule: 90,000 iterations of 16 images, about 12 epochs of COCO's 118,287; 16 images
-        # are 2 per GPU on 8 GPUs (on fewer GPUs, raise --batch-size so that the global batch stays 16).
-        detector="fasterrcnn_resnet50_fpn",
-        detection_batch_size=2,
-        detection_lr=0.02,
-        detection_epochs=12,
     ),
 }
 

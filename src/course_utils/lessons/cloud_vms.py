@@ -1,5 +1,5 @@
-"""Notebook 08: one cloud VM against two at the same batch per GPU, set beside a class that did the same (and
-jobs/cloud/README.md's experiment).
+"""Notebook 08: one cloud VM against two at the same batch per GPU, set beside a class that did the same
+(and jobs/cloud/README.md's experiment).
 
 That class trained a ResNet on ImageNet with DDP and AMP on AWS ``g4dn.2xlarge`` VMs (one NVIDIA T4 each) in
 NVIDIA's NGC PyTorch container: 57 min 32 s on one VM, 31 min 18 s on two, both GPUs above 95 % utilization.

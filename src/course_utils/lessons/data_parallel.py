@@ -1,5 +1,9 @@
-"""Notebooks 06, 07, 08, 09 and 10: the measured comparisons of data parallelism; each one trains for real and
-returns a table.
+"""Notebooks 06, 07, 08, 09 and 10: what the parallel lessons share: where their ranks run, how they start,
+how many steps they measure and how much those steps vary, and one device against DataParallel and DDP.
+
+A verdict that compares two short runs reads their difference against the spread of their iterations,
+measured in the same notebook; inside it is no measurable difference, and a figure that cannot be true
+(above the ideal, a cost below nothing) is a disturbed measurement, not a finding.
 
 Single-process runs happen in this process; DDP runs start torchrun through :mod:`course_utils.parallel.launch`, so
 a notebook cell shows their output as it comes. On a machine without GPUs, "devices" are CPU
@@ -8,44 +12,59 @@ processes: DDP runs two gloo ranks, each with one thread, on the same cores a si
 
 from __future__ import annotations
 
-import math
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import torch
+from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config, devices
-from course_utils.data.loaders import shard_sampler
 from course_utils.observe import communication
+from course_utils.observe.metrics import load_run
 from course_utils.observe.profiling import TRACE_FILE
 from course_utils.parallel.launch import LaunchResult, launch
-from course_utils.run_folder import RunFolder
 from course_utils.train import train
-from course_utils.training import checkpoint, models
 from course_utils.training.options import to_flags
-from course_utils.training.resume import NonFiniteLossError
 
 CPU_RANKS = 2  # DDP ranks on a machine without GPUs
+MEASURED_STEPS = {"ci": 12, "workshop": 200}  # iterations of each throughput measurement of 06-10, by course size
 # The runs a lesson makes in its own folders: no progress bar each, and a rerun replaces what the last left.
 SCRATCH = {"progress": False, "overwrite": True}
 
 
-def iterations_per_epoch(samples: int, batch: int, ranks: Sequence[int]) -> pd.DataFrame:
-    """What DistributedSampler gives each rank of an epoch of ``samples``, at ``batch`` per rank."""
-    rows = []
-    for count in ranks:
-        share = len(shard_sampler(range(samples), 0, count))
-        rows.append({"ranks": count, "samples_per_rank": share, "iterations_per_rank": share // batch,
-                     "global_batch": batch * count, "images_per_epoch": share // batch * batch * count})
-    return pd.DataFrame(rows)
+SPREAD_FLOOR = 0.02  # short runs differ by at least this much however steady their iterations look
+
+
+def relative_spread(samples: Sequence[float]) -> float:
+    """Half the interquartile range of ``samples`` over their median: how far a typical sample strays.
+    A few samples give no quartiles worth the name; their spread is then the half-range."""
+    values = np.asarray([value for value in samples if np.isfinite(value)], dtype=float)
+    if len(values) == 0 or np.median(values) <= 0:
+        return float("nan")
+    low, high = np.percentile(values, [25, 75]) if len(values) >= 4 else (values.min(), values.max())
+    return max(SPREAD_FLOOR, float((high - low) / 2 / np.median(values)))
+
+
+def combined_spread(*spreads: float) -> float:
+    """The spread of a ratio of measurements: their relative spreads added (the worst case), NaNs ignored."""
+    known = [spread for spread in spreads if np.isfinite(spread)]
+    return sum(known) if known else SPREAD_FLOOR
+
+
+def within_spread(ratio: float, spread: float) -> bool:
+    """True when ``ratio`` (one measurement over another) is 1 within ``spread``."""
+    return abs(ratio - 1) <= spread
+
+
+def measured_steps(size: str | None = None) -> int:
+    """Iterations of each throughput measurement of notebooks 06-10 at ``size`` (the active size by default)."""
+    return MEASURED_STEPS[config.get_size(size).name]
 
 
 def gpu_count() -> int:
@@ -112,6 +131,12 @@ def traced_ranks(nproc: int, out: Path, **options: Any) -> tuple[pd.DataFrame, L
     return communication.per_step(Path(out) / "trace" / TRACE_FILE), result
 
 
+def iteration_spread(summary: dict[str, Any]) -> float:
+    """How much rank 0's iterations of a finished run varied (:func:`relative_spread`),
+    the first two left out."""
+    return relative_spread(list(load_run(summary["config"]["out"]).iterations["seconds"])[2:])
+
+
 def _row(name: str, summary: dict[str, Any], devices: int) -> dict[str, Any]:
     memory = summary.get("peak_memory_per_gpu_mib")
     ranks = summary["per_rank"]
@@ -119,6 +144,7 @@ def _row(name: str, summary: dict[str, Any], devices: int) -> dict[str, Any]:
             "global_batch": summary["global_batch_size"], "images_per_second": summary["images_per_second"],
             "images_per_second_per_device": summary["images_per_second"] / devices,
             "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in ranks),
+            "iteration_spread": iteration_spread(summary),
             "steps_per_rank": [r["steps"] for r in ranks],
             "peak_memory_per_device_mib": ([r["peak_memory_mib"] for r in ranks] if summary["world_size"] > 1
                                            else memory[:devices] if memory else None),
@@ -151,7 +177,7 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
     """
     size = config.get_size(options.get("size"))
     batch = options.pop("batch_size", None) or size.batch_size
-    steps = steps or size.parallel_steps
+    steps = steps or measured_steps(size.name)
     out = Path(out or config.runs_dir() / "parallel-modes")
     gpus = gpu_count()
     ddp_ranks = gpus or CPU_RANKS  # one rank per device, as in the other modes; on one GPU, DDP's own cost
@@ -177,167 +203,23 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
     return table
 
 
-def dataparallel_profile(steps: int | None = None, out: str | Path | None = None, **options: Any
-                         ) -> pd.DataFrame | None:
-    """DataParallel over every visible GPU, traced with the profiler, at the per-GPU batch of
-    :func:`compare_modes`: the median step's time in each of DataParallel's phases, in ms and as a share of the
-    step (:func:`course_utils.observe.communication.dataparallel_phases`). None with fewer than two GPUs, where
-    DataParallel calls the model directly and has no phase to measure."""
-    gpus = gpu_count()
-    if gpus < 2:
-        return None
-    size = config.get_size(options.get("size"))
-    batch = options.pop("batch_size", None) or size.batch_size
-    folder = Path(out or config.runs_dir() / "dataparallel-profile")
-    train(**{**SCRATCH, **options}, max_steps=steps or size.parallel_steps, batch_size=batch * gpus,
-          distributed="dp", trace=str(folder / "trace"), out=folder)
-    median = communication.dataparallel_phases(folder / "trace" / TRACE_FILE).median()
-    phases = [name.removesuffix("_ms") for name in median.index if name != "step_ms"]
-    return pd.DataFrame([{"phase": phase, "ms": median[f"{phase}_ms"],
-                          "percent_of_step": 100 * median[f"{phase}_ms"] / median["step_ms"]} for phase in phases]
-                        + [{"phase": "whole step", "ms": median["step_ms"], "percent_of_step": 100.0}])
-
-
-def _difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, float]:
-    floats = [name for name in a if a[name].is_floating_point()]
-    absolute = max((a[n] - b[n]).abs().max().item() for n in floats)
-    scale = max(b[n].abs().max().item() for n in floats)
-    agree = all(torch.allclose(a[n], b[n], rtol=1e-5, atol=1e-6) for n in floats)
-    return {"max_abs_difference": absolute, "relative_to_largest_weight": absolute / scale, "agree": agree}
-
-
-def _weights(out: Path) -> dict[str, torch.Tensor]:
-    return checkpoint.load(RunFolder(out).last_checkpoint)["model"]
-
-
-def ddp_equals_large_batch(models: Sequence[str] = ("small_cnn_gn", "small_cnn"), nproc: int | None = None,
-                           batch: int = 16, steps: int = 8, out: str | Path | None = None,
-                           **options: Any) -> pd.DataFrame:
-    """Parameters after ``steps`` steps: DDP on ``nproc`` ranks at ``batch`` each against one process
-    at ``nproc * batch``, and against one process at ``batch`` (a different training, as a control).
-
-    Augmentation is off so that both see the same pixels; the shared sampler order (see
-    :func:`course_utils.data.shard_sampler`) makes the images of each step the same set.
-    """
-    shape = parallel_shape()
-    nproc = nproc or shape.ranks
-    out = Path(out or config.runs_dir() / "ddp-equivalence")
-    # Every run on the same kind of device: the comparison is of arithmetic, not of hardware.
-    common = {"max_steps": steps, "augment": False, "workers": 0, "seed": 0, "device": shape.device, **SCRATCH,
-              **options}
-    rows = []
-    for model in tqdm(models, desc="models", unit="model"):
-        run_ranks(nproc, out / f"{model}-ddp", model=model, batch_size=batch, **common)
-        train(**common, model=model, batch_size=batch * nproc, out=out / f"{model}-large")
-        train(**common, model=model, batch_size=batch, out=out / f"{model}-small")
-        ddp = _weights(out / f"{model}-ddp")
-        for other, label in ((f"{model}-large", f"one process, batch {batch * nproc}"),
-                             (f"{model}-small", f"one process, batch {batch}")):
-            rows.append({"model": model, "ddp": f"{nproc} ranks x batch {batch}", "compared_with": label,
-                         **_difference(ddp, _weights(out / other))})
-    return pd.DataFrame(rows)
-
-
-DDP_KNOBS: dict[str, dict[str, Any]] = {
-    "defaults (25 MB buckets)": {},
-    "1 MB buckets, gradient_as_bucket_view, static_graph": {"bucket_cap_mb": 1, "gradient_as_bucket_view": True,
-                                                            "static_graph": True},
-}
-
-
-def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None = None, steps: int | None = None,
-              out: str | Path | None = None, **options: Any) -> pd.DataFrame:
-    """Images per second of DDP with each setting of its knobs, everything else equal."""
-    shape = parallel_shape()
-    nproc = nproc or shape.ranks
-    options.setdefault("device", shape.device)
-    steps = steps or config.get_size(options.get("size")).parallel_steps
-    out = Path(out or config.runs_dir() / "ddp-knobs")
-    rows = []
-    for index, (name, knob) in enumerate(tqdm((knobs or DDP_KNOBS).items(), desc="settings", unit="run")):
-        summary = run_ranks(nproc, out / f"setting-{index}", max_steps=steps, **options, **knob).summary
-        rows.append({"setting": name, "images_per_second": summary["images_per_second"],
-                     "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in summary["per_rank"]),
-                     "global_batch": summary["global_batch_size"]})
-    table = pd.DataFrame(rows)
-    table["relative"] = table["images_per_second"] / table["images_per_second"].iloc[0]
-    return table
-
-
-def gradient_mib(model: str, image_size: int = 32) -> float:
-    """The size of ``model``'s gradients in fp32: what DDP all-reduces every step, bucket by bucket."""
-    return models.parameter_table((model,), image_size)[0]["parameters"] * 4 / 2**20
-
-
-def communication_profile(buckets: int = 8, nproc: int | None = None, steps: int | None = None,
-                          out: str | Path | None = None, **options: Any) -> pd.DataFrame:
-    """DDP runs traced with the profiler, with PyTorch's default 25 MB buckets and with buckets small
-    enough for about ``buckets`` of them: per setting, the median step's time, its communication, and
-    how much of that hid behind computation (rank 0's trace; :mod:`course_utils.observe.communication`)."""
-    shape = parallel_shape()
-    size = config.get_size(options.get("size"))
-    options = {"device": shape.device, "max_steps": steps or size.parallel_steps, **options}
-    gradients = gradient_mib(options.get("model") or size.model, options.get("image_size") or size.image_size)
-    rows = []
-    for index, cap in enumerate(tqdm((25.0, round(gradients / buckets, 3)), desc="bucket sizes", unit="run")):
-        folder = Path(out or config.runs_dir() / "ddp-communication") / f"bucket-{index}"
-        steps_table, _ = traced_ranks(nproc or shape.ranks, folder, bucket_cap_mb=cap, **options)
-        rows.append({"bucket_cap_mb": cap, "gradient_mib": gradients, "buckets": max(1, math.ceil(gradients / cap)),
-                     **steps_table.median().to_dict()})
-    return pd.DataFrame(rows)
-
-
-def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -> pd.DataFrame:
-    """The same epochs at the base batch and at ``factor`` times it: with the base learning rate,
-    with the rate scaled linearly, and with the scaled rate after a warm-up.
-
-    One process trains the large batch; notebook 07 showed that this is the training DDP does
-    with ``factor`` ranks.
-    """
-    size = config.get_size(options.get("size"))
-    batch = options.pop("batch_size", None) or size.batch_size
-    lr = options.pop("lr", None) or size.lr
-    epochs = options.setdefault("epochs", size.lr_study_epochs)
-    options.setdefault("train_samples", size.lr_study_samples)
-    warmup = min(1.0, epochs / 2)  # one epoch, or half of a shorter run
-    out = Path(out or config.runs_dir() / "lr-scaling")
-    cases = [("base batch", batch, lr, 0.0),
-             (f"{factor}x batch, same lr", batch * factor, lr, 0.0),
-             (f"{factor}x batch, {factor}x lr", batch * factor, lr * factor, 0.0),
-             (f"{factor}x batch, {factor}x lr, {warmup:g} epoch warm-up", batch * factor, lr * factor, warmup)]
-    rows = []
-    for index, (name, case_batch, case_lr, warmup) in enumerate(tqdm(cases, desc="cases", unit="run")):
-        row = {"case": name, "batch": case_batch, "lr": case_lr, "warmup_epochs": warmup, "run": out / f"case-{index}"}
-        try:
-            summary = train(**{**SCRATCH, **options}, batch_size=case_batch, lr=case_lr,
-                            warmup_epochs=warmup, out=row["run"])
-        except NonFiniteLossError as error:  # a diverged run is a result of this experiment, not a failure
-            rows.append({**row, "status": f"diverged: {error}".split(";")[0]})
-            continue
-        rows.append({**row, "status": "ok", "steps": summary["steps"], "final_train_loss": summary["final_train_loss"],
-                     "test_top1": summary["test_top1"], "test_top5": summary["test_top5"]})
-    return pd.DataFrame(rows)
-
-
-def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals = signal.SIGUSR1,
-                    **options: Any) -> dict[str, Any]:
-    """Start a new run of the training command in ``out``, send it ``stop`` once a checkpoint at
-    ``stop_after_step`` or later exists (as Slurm does before a time limit), and report how it ended."""
-    out = Path(out)
-    folder = RunFolder(out).checkpoints
-    flags = to_flags(**{**SCRATCH, **options}, out=out)
-    started = time.time()
-    process = subprocess.Popen([sys.executable, "-m", "course_utils.train", *flags], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    while process.poll() is None:
-        saved = [int(path.stem.split("-")[1]) for path in folder.glob("step-*.pt")
-                 if path.stat().st_mtime >= started]  # not the checkpoints of an earlier run, being removed
-        if saved and max(saved) >= stop_after_step:
-            process.send_signal(stop)
-            break
-        time.sleep(0.05)
-    output = process.communicate(timeout=600)[0]
-    marker = RunFolder(out).preempted
-    return {"exit_code": process.returncode, "signal": stop.name,
-            "marker": marker.read_text().strip() if marker.exists() else None,
-            "checkpoints": sorted(path.name for path in folder.glob("*.pt")), "output": output.strip()}
+def plot_modes(table: pd.DataFrame) -> Figure:
+    """Images per second of each way of training, and each device's peak memory where it was measured."""
+    with_memory = table.dropna(subset=["peak_memory_per_device_mib"])
+    with_memory = with_memory[with_memory["peak_memory_per_device_mib"].map(lambda m: m is not None and None not in m)]
+    panels = 2 if len(with_memory) else 1
+    fig, axes = plt.subplots(1, panels, figsize=(10 if panels == 2 else 7, 3.2), squeeze=False)
+    ax = axes[0][0]
+    bars = ax.barh(table["mode"], table["images_per_second"], color="tab:blue")
+    for bar, speedup in zip(bars, table["speedup"]):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {speedup:.2f}x", va="center")
+    ax.invert_yaxis()
+    ax.set(xlabel="images per second (all devices)", title="Throughput")
+    if panels == 2:
+        ax = axes[0][1]
+        for row in with_memory.itertuples():
+            ax.plot(range(len(row.peak_memory_per_device_mib)), row.peak_memory_per_device_mib, "o-", label=row.mode)
+        ax.set(xlabel="GPU index", ylabel="peak memory allocated (MiB)", title="Memory per GPU")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -1,5 +1,6 @@
-"""Notebook 09: the memory ladder, one process, DDP, FSDP, FSDP with activation checkpointing, FSDP with
-offload, each trained for real and its memory per rank measured by kind; and the rule of thumb beside it.
+"""Notebook 09: the memory ladder (one process, DDP, FSDP, FSDP with activation checkpointing, FSDP with
+offload, each trained for real and its memory per rank measured by kind), the rule of thumb beside it, and
+what the learner's FSDP2 script held on each rank.
 
 Every rung trains the same model at the same per-rank batch for the same steps, on the devices
 :func:`course_utils.lessons.data_parallel.parallel_shape` picks: one GPU per rank where there are two
@@ -9,16 +10,19 @@ needs GPUs: on CPU processes its rung is left out and the table says so.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config
-from course_utils.lessons.data_parallel import SCRATCH, parallel_shape, run_ranks
+from course_utils.lessons.data_parallel import SCRATCH, measured_steps, parallel_shape, run_ranks
 from course_utils.observe.memory import KINDS
 from course_utils.train import train
 
@@ -63,7 +67,7 @@ def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | P
     size = config.get_size(options.get("size"))
     shape = parallel_shape()
     out = Path(out or config.runs_dir() / "memory-ladder")
-    common = {"max_steps": steps or size.parallel_steps, "device": shape.device, **SCRATCH, **options}
+    common = {"max_steps": steps or measured_steps(size.name), "device": shape.device, **SCRATCH, **options}
     rows = []
     for index, rung in enumerate(tqdm(rungs, desc="rungs", unit="run")):
         folder = out / f"rung-{index}"
@@ -117,3 +121,102 @@ def rule_against_measurement(ladder: pd.DataFrame) -> pd.DataFrame:
         rows.append({"rung": row["rung"], "measured_mib": measured / MIB, "rule_mib": rule / MIB,
                      "measured_over_rule": measured / rule})
     return pd.DataFrame(rows)
+
+
+def read_script_record(path: str | Path) -> pd.DataFrame:
+    """What every rank of the notebook's FSDP2 script held after its steps, one row per rank, with the
+    whole model's size beside it. A missing file says which cell writes it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not there: run the cell that launches the script (with --out {path})")
+    record = json.loads(path.read_text())
+    table = pd.DataFrame(record["ranks"])
+    table.insert(0, "rank", range(len(table)))
+    table["model_mib"] = record["model_mib"]
+    return table
+
+
+def script_answer(held: pd.DataFrame) -> str:
+    """Markdown: what each rank of the FSDP2 script kept, against the whole model."""
+    ranks, whole = len(held), held["model_mib"].iloc[0]
+    per_rank = ", ".join(f"rank {row.rank} {row.parameters_mib:.2f}" for row in held.itertuples())
+    state = held[["parameters_mib", "gradients_mib", "optimizer_state_mib"]].sum(axis=1).iloc[0]
+    return "\n".join([
+        f"- The model has **{whole:.2f} MiB** of fp32 parameters; each of the {ranks} ranks keeps "
+        f"**{held['parameters_mib'].mean():.2f} MiB** of them ({per_rank} MiB), about 1/{ranks}.",
+        f"- With its gradients and AdamW's two moments, a rank keeps **{state:.2f} MiB** between steps, where DDP "
+        f"would keep {4 * whole:.2f} MiB (parameters, gradients, two moments: 16 bytes per parameter) on every rank.",
+        "- While a group runs, a rank also holds that group whole: the largest is "
+        f"**{held['largest_group_mib'].max():.2f} MiB** here.",
+    ])
+
+
+def check_fewer_groups(before: pd.DataFrame, after: pd.DataFrame) -> str:
+    """The check of notebook 09's exercise: with fewer blocks in groups of their own, the state a rank keeps
+    stays (the root shards the rest) and the largest group, gathered whole, grows."""
+    kept = ["parameters_mib", "gradients_mib", "optimizer_state_mib"]
+    state_before, state_after = before[kept].sum(axis=1).max(), after[kept].sum(axis=1).max()
+    group_before, group_after = before["largest_group_mib"].max(), after["largest_group_mib"].max()
+    if group_after <= group_before:
+        return (f"Not yet: the largest group is {group_after:.2f} MiB, as before ({group_before:.2f} MiB). Put only "
+                "the first block in blocks_to_shard, write the script again and relaunch.")
+    return (f"Done: each rank still keeps {state_after:.2f} MiB between steps (before: {state_before:.2f}), since the "
+            f"root's fully_shard shards what the blocks left; but the largest group, gathered whole while it runs, "
+            f"grew from {group_before:.2f} to {group_after:.2f} MiB: that is what a rank's peak pays.")
+
+
+def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:
+    """Markdown: what sharding saved per rank and what activation checkpointing traded, from the ladder."""
+    rows = ladder.set_index("rung")
+    ddp, fsdp, recomputed = (rows.loc[name] for name in ("DDP", "FSDP", "FSDP + activation checkpointing"))
+    state = ["parameters_mib", "gradients_mib", "optimizer_state_mib"]
+    ddp_state, fsdp_state = ddp[state].sum(), fsdp[state].sum()
+    recompute_change = recomputed["images_per_second"] / fsdp["images_per_second"] - 1
+    fsdp_change = fsdp["images_per_second"] / ddp["images_per_second"] - 1
+    noise = " (faster here: short runs vary by several percent, and this difference is within that)"
+    lines = [
+        f"- Where the ranks ran: {where}.",
+        f"- DDP keeps the whole model's state on every rank: **{ddp_state:.1f} MiB** of parameters, gradients and "
+        f"optimizer state. FSDP over {int(fsdp['ranks'])} ranks keeps **{fsdp_state:.1f} MiB** per rank "
+        f"({fsdp_state / ddp_state:.0%} of it): each rank holds its shard, and the whole of a block only while "
+        "that block runs.",
+        f"- The saved activations did not shrink with sharding (**{ddp['activations_mib']:.1f}** MiB under DDP, "
+        f"**{fsdp['activations_mib']:.1f}** under FSDP): each rank still trains its whole batch through the whole "
+        "model. Activation checkpointing cut them to "
+        f"**{recomputed['activations_mib']:.1f} MiB** ({recomputed['activations_mib'] / fsdp['activations_mib']:.0%}) "
+        "by running every block's forward pass again in the backward pass, about a third more compute: "
+        f"**{recomputed['images_per_second']:.0f}** images/s against **{fsdp['images_per_second']:.0f}** "
+        f"({recompute_change:+.0%}){noise if recompute_change > 0 else ''}.",
+        f"- FSDP ran at **{fsdp['images_per_second']:.0f}** images/s against DDP's **{ddp['images_per_second']:.0f}** "
+        f"({fsdp_change:+.0%}). Per step it all-gathers every block's parameters twice (forward and backward) and "
+        "reduce-scatters the gradients, about 1.5 times the bytes of DDP's all-reduce; what that costs depends on "
+        "how much of it hides behind the computation, which GPUs show (the table of GPU rows below, once recorded).",
+    ]
+    if "skipped" in rows and rows["skipped"].notna().any():
+        skipped = rows[rows["skipped"].notna()]
+        lines.append("- Not measured here: " + "; ".join(f"{name} ({why})" for name, why in skipped["skipped"].items()))
+    return "\n".join(lines)
+
+
+def plot(table: pd.DataFrame) -> Figure:
+    """Memory per rank by kind, stacked, for each rung of the ladder; its speed beside it."""
+    measured = table.dropna(subset=["total_mib"]) if "total_mib" in table else table.iloc[:0]
+    kinds = [("parameters_mib", "parameters"), ("gradients_mib", "gradients"),
+             ("optimizer_state_mib", "optimizer state"), ("activations_mib", "saved activations")]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [3, 2]})
+    start = pd.Series(0.0, index=measured.index)
+    for column, label in kinds:
+        left.barh(measured["rung"], measured[column], left=start, label=label)
+        start += measured[column]
+    peaks = measured.dropna(subset=["peak_allocated_mib"])
+    if len(peaks):
+        left.scatter(peaks["peak_allocated_mib"], peaks["rung"], marker="|", s=300, color="black",
+                     label="allocator's peak", zorder=3)
+    left.invert_yaxis()
+    left.set(xlabel="MiB per rank", title="Memory of one training step, per rank")
+    left.legend(fontsize=7, loc="lower right")
+    right.barh(measured["rung"], measured["images_per_second"], color="tab:gray")
+    right.invert_yaxis()
+    right.set(xlabel="images per second (all ranks)", title="Speed", yticklabels=[])
+    fig.tight_layout()
+    return fig

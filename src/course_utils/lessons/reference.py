@@ -58,6 +58,16 @@ def gpu_note(benchmark: str) -> str:
     return f"Recorded on GPUs in `benchmarks/results/`: {len(rows)} rows of `{benchmark}` ({devices})."
 
 
+def recorded_on_gpus(benchmark: str, command: str) -> pd.DataFrame | str:
+    """The rows of ``benchmark`` recorded on a GPU, or, where there are none, one sentence that says so and
+    names ``command``, which records them."""
+    rows = gpu_rows(benchmark)
+    if len(rows):
+        return rows
+    return (f"No GPU numbers of {benchmark} are recorded in benchmarks/results/ yet: on a machine with 2 or more "
+            f"GPUs, `{command}` records them there, and this cell shows them.")
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -1,4 +1,5 @@
-"""Notebook 08: strong and weak scaling, the same training at 1..N ranks, with speed-up and efficiency.
+"""Notebook 08: strong and weak scaling (the same training at 1..N ranks, with speed-up and efficiency), the
+large-batch learning rate, the all-reduce's bandwidth, their answers and plots.
 
 Strong scaling keeps the global batch and splits it over more ranks (each does less work per
 step); weak scaling keeps the batch per rank (the global batch grows with the ranks). Ideal is a
@@ -15,19 +16,32 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config
-from course_utils.lessons.data_parallel import run_ranks
+from course_utils.lessons.data_parallel import SCRATCH, SPREAD_FLOOR, run_ranks
+from course_utils.observe.metrics import load_run
 from course_utils.run_folder import RunFolder
+from course_utils.train import train
 from course_utils.training.options import changed_options
+from course_utils.training.resume import NonFiniteLossError
 
 MODES = ("strong", "weak")
+SCALING_RANKS = {"ci": (1, 2), "workshop": (1, 2, 4, 8)}  # process counts of a study (capped by the devices)
+# Each case of the learning-rate study: its epochs and training images (None: the size's own).
+LR_STUDY = {"ci": {"epochs": 1, "train_samples": 1280}, "workshop": {"epochs": 5, "train_samples": None}}
+
+
+def scaling_ranks(size: str | None = None) -> tuple[int, ...]:
+    """The process counts of a scaling study at ``size`` (the active size by default)."""
+    return SCALING_RANKS[config.get_size(size).name]
 
 
 def per_rank_batch(mode: str, batch_size: int, ranks: int) -> int:
@@ -52,6 +66,8 @@ def table(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
         "images_per_second": s["images_per_second"],
         "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in s["per_rank"]),
         "wall_seconds": sum(s["epoch_seconds"]),
+        "steps": s["steps"],
+        "mean_iteration_seconds": sum(s["epoch_seconds"]) / s["steps"],  # as Detectron2 reports s/it: a mean
         "device": s["device"],
         **({"box_ap": s["box_ap"]} if "box_ap" in s else {}),  # a detector's runs: what the speed cost in accuracy
     } for s in summaries]).sort_values("ranks").reset_index(drop=True)
@@ -88,6 +104,132 @@ def study(ranks: Sequence[int], mode: str = "weak", out: str | Path | None = Non
     return table(summaries)
 
 
+def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -> pd.DataFrame:
+    """The same epochs at the base batch and at ``factor`` times it: with the base learning rate,
+    with the rate scaled linearly, and with the scaled rate after a warm-up.
+
+    One process trains the large batch; notebook 07 showed that this is the training DDP does
+    with ``factor`` ranks.
+    """
+    size = config.get_size(options.get("size"))
+    batch = options.pop("batch_size", None) or size.batch_size
+    lr = options.pop("lr", None) or size.lr
+    study = LR_STUDY[size.name]
+    epochs = options.setdefault("epochs", study["epochs"])
+    options.setdefault("train_samples", study["train_samples"])
+    warmup = min(1.0, epochs / 2)  # one epoch, or half of a shorter run
+    out = Path(out or config.runs_dir() / "lr-scaling")
+    cases = [("base batch", batch, lr, 0.0),
+             (f"{factor}x batch, same lr", batch * factor, lr, 0.0),
+             (f"{factor}x batch, {factor}x lr", batch * factor, lr * factor, 0.0),
+             (f"{factor}x batch, {factor}x lr, {warmup:g} epoch warm-up", batch * factor, lr * factor, warmup)]
+    rows = []
+    for index, (name, case_batch, case_lr, warmup) in enumerate(tqdm(cases, desc="cases", unit="run")):
+        row = {"case": name, "batch": case_batch, "lr": case_lr, "warmup_epochs": warmup, "run": out / f"case-{index}"}
+        try:
+            summary = train(**{**SCRATCH, **options}, batch_size=case_batch, lr=case_lr,
+                            warmup_epochs=warmup, out=row["run"])
+        except NonFiniteLossError as error:  # a diverged run is a result of this experiment, not a failure
+            rows.append({**row, "status": f"diverged: {error}".split(";")[0]})
+            continue
+        rows.append({**row, "status": "ok", "steps": summary["steps"], "final_train_loss": summary["final_train_loss"],
+                     "test_top1": summary["test_top1"], "test_top5": summary["test_top5"]})
+    return pd.DataFrame(rows)
+
+
+def scaling_answer(tables: dict[str, pd.DataFrame]) -> str:
+    """Markdown: how well each study scaled, at its largest rank count."""
+    lines = []
+    for name, table in tables.items():
+        last = table.iloc[-1]
+        above = last["efficiency"] > 1 + 2 * SPREAD_FLOOR
+        disturbed = (": above the ideal, a **disturbed measurement** (the smaller run slowed by other work on the "
+                     "machine), not a finding; run the study again" if above else "")
+        lines.append(f"- **{name}**: {int(last['ranks'])} ranks gave **{last['speedup']:.2f}x** the throughput of "
+                     f"{int(table.iloc[0]['ranks'])} ({last['efficiency']:.0%} efficiency), global batch "
+                     f"{int(last['global_batch'])}{disturbed}.")
+    lines.append("- Strong scaling shrinks each rank's batch, so compute per step falls while the all-reduce stays the "
+                 "same size: efficiency drops first there. Weak scaling keeps each rank busy and is limited by the "
+                 "all-reduce and by stragglers; on CPU processes that share cores it also shows the cores running out.")
+    return "\n".join(lines)
+
+
+def lr_answer(table: pd.DataFrame) -> str:
+    """Markdown: what a larger global batch needs from the learning rate, from the cases just trained."""
+    base = table.iloc[0]
+    lines = []
+    for row in table.itertuples():
+        if row.status != "ok":
+            lines.append(f"- **{row.case}**: {row.status}.")
+            continue
+        lines.append(f"- **{row.case}**: {row.steps:.0f} steps, final training loss {row.final_train_loss:.3f}, "
+                     f"test top-1 {row.test_top1:.1f} % (base batch: {base['test_top1']:.1f} %).")
+    factor = int(table.iloc[1]["batch"] // base["batch"])
+    lines.append(f"- With {factor}x the batch an epoch has {factor}x fewer steps: at the same learning rate the model "
+                 "moves less per epoch. Scaling the rate with the batch (the linear rule) restores the distance "
+                 "travelled; the warm-up avoids the large early steps that can throw a freshly initialised network "
+                 "off course, which is where an unwarmed large rate loses accuracy or diverges.")
+    return "\n".join(lines)
+
+
+def allreduce_answer(table: pd.DataFrame) -> str:
+    """Markdown: latency and bandwidth of the all-reduce just measured."""
+    small, large = table.iloc[0], table.iloc[-1]
+    return "\n".join([
+        f"- {int(large['world_size'])} ranks over **{large['backend']}**: the smallest message "
+        f"({int(small['bytes'])} B) "
+        f"took **{small['seconds'] * 1e6:.0f} µs**, almost all latency; the largest ({int(large['bytes']) / 2**20:.0f} "
+        f"MiB) reached a bus bandwidth of **{large['bus_gb_per_s']:.2f} GB/s**.",
+        "- Compare the large-message bus bandwidth with the link: NVLink 3/4 carries a few hundred GB/s per "
+        "direction, Infinity Fabric between MI250X GCDs 50-200 GB/s, a Slingshot-11 port 25 GB/s. Far below "
+        "the link means the transport is not the one you think (NCCL_DEBUG=INFO tells).",
+    ])
+
+
+def plot_scaling(tables: dict[str, pd.DataFrame]) -> Figure:
+    """Speed-up against the ideal line, and parallel efficiency, for each study (e.g. strong, weak)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    most = max(int(t["ideal"].max()) for t in tables.values())
+    left.plot([1, most], [1, most], "k--", lw=1, label="ideal")
+    for name, table in tables.items():
+        left.plot(table["ideal"], table["speedup"], "o-", label=name)
+        right.plot(table["ranks"], 100 * table["efficiency"], "o-", label=name)
+    left.set(xlabel="ranks (relative to the first run)", ylabel="speed-up", title="Speed-up")
+    right.axhline(100, color="k", ls="--", lw=1)
+    right.axhline(90, color="0.6", ls=":", lw=1, label="90 %")
+    right.set(xlabel="ranks", ylabel="efficiency (%)", title="Parallel efficiency", ylim=(0, 110))
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_allreduce(table: pd.DataFrame) -> Figure:
+    """Bus bandwidth and time per all-reduce against message size, log-log."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    left.loglog(table["bytes"], table["seconds"] * 1e6, "o-")
+    left.set(xlabel="message size (bytes)", ylabel="time per all-reduce (µs)", title="Latency, then bandwidth")
+    right.semilogx(table["bytes"], table["bus_gb_per_s"], "o-", label="bus bandwidth")
+    right.semilogx(table["bytes"], table["algorithm_gb_per_s"], ".:", label="algorithm bandwidth")
+    right.set(xlabel="message size (bytes)", ylabel="GB/s", title="Bandwidth")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lr(table: pd.DataFrame) -> Figure:
+    """Training loss of each learning-rate case that finished against the epochs seen, overlaid: an epoch of
+    a larger batch has fewer steps, so the x axis is in epochs."""
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for row in table[table["status"] == "ok"].itertuples():
+        steps = load_run(row.run).steps
+        ax.plot(steps["step"] / steps["step"].max() * steps["epoch"].max(), steps["loss"], label=row.case, alpha=0.85)
+    ax.set(xlabel="epochs", ylabel="training loss", title="Large batch: learning rate and warm-up")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_utils.lessons.scaling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,3 +253,21 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def check_bus_bandwidth(bus_bandwidth: Callable[[float, float, int], float], measured: pd.DataFrame,
+                        ranks: tuple[int, ...] = (2, 4, 8)) -> str:
+    """The check of notebook 08's exercise: does the learner's ``bus_bandwidth(bytes, seconds, ranks)`` give
+    what the all-reduce measurement computed, on the ranks it ran and on more (where the two bandwidths part)?"""
+    wrong = []
+    for row in measured.itertuples():
+        for count in sorted({int(row.world_size), *ranks}):
+            expected = row.algorithm_gb_per_s * 2 * (count - 1) / count
+            if abs(bus_bandwidth(row.bytes, row.seconds, count) - expected) > 1e-6 * max(1.0, expected):
+                wrong.append((int(row.bytes), count, expected))
+    if not wrong:
+        return (f"Done: your bus bandwidth matches all {len(measured)} measured sizes, on "
+                f"{measured['world_size'].iloc[0]} ranks and on {', '.join(map(str, ranks))}.")
+    size, count, expected = wrong[0]
+    return (f"Not yet: for {size} bytes on {count} ranks the bus bandwidth is {expected:.3f} GB/s; your function gives "
+            "another figure. Each link of a ring carries 2(n-1)/n of the message.")

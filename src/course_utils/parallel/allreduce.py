@@ -26,6 +26,7 @@ from course_utils import config, devices
 from course_utils.parallel import process_group
 
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+MAX_BYTES = {"ci": 2**22, "workshop": 2**30}  # the largest message of a sweep, by course size
 
 
 def bus_bandwidth(algorithm_bandwidth: float, world_size: int) -> float:
@@ -90,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m course_utils.parallel.allreduce", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--min-bytes", default="1K", help="smallest message (default 1K)")
-    parser.add_argument("--max-bytes", default=str(size.allreduce_max_bytes),
-                        help=f"largest message, e.g. 1G (default for the {size.name} size: {size.allreduce_max_bytes})")
+    parser.add_argument("--max-bytes", default=str(MAX_BYTES[size.name]),
+                        help=f"largest message, e.g. 1G (default for the {size.name} size: {MAX_BYTES[size.name]})")
     parser.add_argument("--factor", type=int, default=4, help="each message this many times the last (default 4)")
     parser.add_argument("--iterations", type=int, default=20, help="timed all-reduces per size (default 20)")
     parser.add_argument("--out", help="write the table to this JSON file (rank 0)")

@@ -69,8 +69,10 @@ SCRIPT_ARGS = ("--",)
 
 
 def torchrun_command(nproc: int, module: str, args: tuple[str, ...], log_dir: Path, max_restarts: int = 0) -> list[str]:
+    """``module`` is a module's name, or the path of a script (``.py``), as a notebook writes one."""
+    target = [module] if module.endswith(".py") else ["-m", module]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            f"--max-restarts={max_restarts}", "--tee=3", f"--log-dir={log_dir}", "-m", module, *SCRIPT_ARGS, *args]
+            f"--max-restarts={max_restarts}", "--tee=3", f"--log-dir={log_dir}", *target, *SCRIPT_ARGS, *args]
 
 
 def _rank_logs(log_dir: Path) -> dict[int, str]:
@@ -133,7 +135,8 @@ def _forward(stream, lines: list[str], echo: bool) -> None:
 def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
            timeout_seconds: float | None = None, echo: bool = True, max_restarts: int = 0,
            env: dict[str, str] | None = None) -> LaunchResult:
-    """Run ``torchrun --standalone --nproc-per-node nproc -m module args...`` and wait for it.
+    """Run ``torchrun --standalone --nproc-per-node nproc -m module args...`` (or ``script.py args...``) and
+    wait for it.
 
     ``max_restarts``: when a rank fails, torchrun ends the others and starts them all again, up to
     this many times (with ``--resume auto`` the training continues from its last checkpoint).

@@ -12,12 +12,30 @@ to a box AP above zero in a few dozen steps on a CPU, where torchvision's smalle
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import nn
 from torchvision.models import detection
 from torchvision.models.detection.faster_rcnn import FasterRCNN, FastRCNNPredictor, TwoMLPHead
 from torchvision.models.detection.rpn import AnchorGenerator
 from torchvision.ops import MultiScaleRoIAlign
+
+
+@dataclass(frozen=True)
+class DetectionRecipe:
+    """What ``--data coco`` trains by default at a course size: the detector, its batch per process, rate and
+    epochs (each flag given on the command line wins)."""
+
+    model: str
+    batch_size: int
+    lr: float
+    epochs: int
+
+
+# workshop: Detectron2's 1x schedule, 90,000 iterations of 16 images, about 12 epochs of COCO's 118,287; 16
+# images are 2 per GPU on 8 GPUs (on fewer GPUs, raise --batch-size so that the global batch stays 16).
+DETECTION_RECIPES = {"ci": DetectionRecipe("small_detector", 4, 0.02, 1),
+                     "workshop": DetectionRecipe("fasterrcnn_resnet50_fpn", 2, 0.02, 12)}
 
 TORCHVISION_DETECTORS: dict[str, Callable[..., FasterRCNN]] = {
     "fasterrcnn_resnet50_fpn": detection.fasterrcnn_resnet50_fpn,

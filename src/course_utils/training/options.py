@@ -24,7 +24,7 @@ from course_utils.data.loaders import LOADERS
 from course_utils.observe.monitor import BACKEND_NAMES
 from course_utils.parallel.tensor_parallel import TENSOR_PARALLEL_MODES
 from course_utils.parallel.wrappers import PARALLEL_MODES
-from course_utils.training.detection_models import DETECTOR_NAMES
+from course_utils.training.detection_models import DETECTION_RECIPES, DETECTOR_NAMES
 from course_utils.training.models import MODEL_NAMES, VIT_NAMES
 
 AMP_DTYPES: dict[str, torch.dtype | None] = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -146,8 +146,9 @@ class TrainOptions:
         values = asdict(self)
         values["size"] = size.name
         if self.data == "coco":  # a detection run: the size's detector and its recipe
-            for name, default in (("model", size.detector), ("batch_size", size.detection_batch_size),
-                                  ("lr", size.detection_lr), ("epochs", size.detection_epochs)):
+            recipe = DETECTION_RECIPES[size.name]
+            for name, default in (("model", recipe.model), ("batch_size", recipe.batch_size), ("lr", recipe.lr),
+                                  ("epochs", recipe.epochs)):
                 values[name] = default if values[name] is None else values[name]
             values["data_dir"] = str(self.data_dir or config.data_dir(size, "coco"))
         for name in SIZE_DEPENDENT:

@@ -1,0 +1,116 @@
+"""Notebook 06: DataParallel's phases profiled, its answers, and the check of the exercise that saves a
+DataParallel model's weights so that the plain model loads them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from course_utils import config
+from course_utils.lessons.data_parallel import SCRATCH, combined_spread, gpu_count, measured_steps, within_spread
+from course_utils.observe import communication
+from course_utils.observe.profiling import TRACE_FILE
+from course_utils.train import train
+from course_utils.training.models import build
+
+WRAPPER_PREFIX = "module."  # DataParallel (and DDP) keep the model as their attribute "module"
+
+
+def check_plain_load(path: str | Path, model: str) -> str:
+    """Does the state dict saved at ``path`` load, strictly, into a fresh ``model`` without any wrapper?"""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    wrapped = [name for name in saved if name.startswith(WRAPPER_PREFIX)]
+    try:
+        build(model).load_state_dict(saved, strict=True)
+    except RuntimeError as error:
+        if wrapped:
+            return (f"Not yet: {len(wrapped)} of {len(saved)} names begin with {WRAPPER_PREFIX!r} "
+                    f"(e.g. {wrapped[0]!r}), the wrapper's attribute, so the plain model does not know them. "
+                    "Save the wrapped model's module instead.")
+        return f"Not yet: the plain model refuses these weights: {str(error).splitlines()[0]}"
+    return (f"Done: all {len(saved)} tensors loaded into a plain {model}: the checkpoint no longer depends on the "
+            "wrapper, so one GPU, DDP or evaluation can read it.")
+
+
+def dataparallel_profile(steps: int | None = None, out: str | Path | None = None, **options: Any
+                         ) -> pd.DataFrame | None:
+    """DataParallel over every visible GPU, traced with the profiler, at the per-GPU batch of
+    :func:`compare_modes`: the median step's time in each of DataParallel's phases, in ms and as a share of the
+    step (:func:`course_utils.observe.communication.dataparallel_phases`). None with fewer than two GPUs, where
+    DataParallel calls the model directly and has no phase to measure."""
+    gpus = gpu_count()
+    if gpus < 2:
+        return None
+    size = config.get_size(options.get("size"))
+    batch = options.pop("batch_size", None) or size.batch_size
+    folder = Path(out or config.runs_dir() / "dataparallel-profile")
+    train(**{**SCRATCH, **options}, max_steps=steps or measured_steps(size.name), batch_size=batch * gpus,
+          distributed="dp", trace=str(folder / "trace"), out=folder)
+    median = communication.dataparallel_phases(folder / "trace" / TRACE_FILE).median()
+    phases = [name.removesuffix("_ms") for name in median.index if name != "step_ms"]
+    return pd.DataFrame([{"phase": phase, "ms": median[f"{phase}_ms"],
+                          "percent_of_step": 100 * median[f"{phase}_ms"] / median["step_ms"]} for phase in phases]
+                        + [{"phase": "whole step", "ms": median["step_ms"], "percent_of_step": 100.0}])
+
+def dataparallel_answer(modes: pd.DataFrame, gpus: int) -> str:
+    """Markdown: what DataParallel bought over one device, and where its memory went."""
+    one, dp = modes.iloc[0], modes[modes["mode"].str.startswith("DataParallel")].iloc[0]
+    width = combined_spread(one["iteration_spread"], dp["iteration_spread"])
+    if gpus < 2:
+        verdict = ("**no measurable difference**: the wrapper alone costs less than these runs vary"
+                   if within_spread(dp["speedup"], width) else
+                   "more than these runs vary, though the wrapper only calls the model here: another process on the "
+                   "same cores during one run does that; run the cell again before reading anything into it")
+        return (f"- This machine has **{gpus} GPU(s)**, so DataParallel had nothing to split: the run measures its "
+                f"wrapper alone, **{dp['images_per_second']:.0f}** images/s against **{one['images_per_second']:.0f}** "
+                f"without it ({dp['speedup']:.2f}x, iterations varying by about ±{width:.0%}): {verdict}. On 2 or more "
+                "GPUs the notebook measures the real thing (on LUMI: a Jupyter session or job with 2 or more GCDs).")
+    if dp["speedup"] / dp["devices"] > 1 + width:
+        return (f"- **Disturbed measurement**: DataParallel over {dp['devices']} GPUs measured {dp['speedup']:.2f}x "
+                f"one GPU, above the ideal {dp['devices']}x, which one process feeding every GPU cannot reach. The "
+                "single-GPU run was slowed by something else (another job on the GPU, a clock drop): run the "
+                "comparison again.")
+    memory = dp["peak_memory_per_device_mib"]
+    others = sum(memory[1:]) / len(memory[1:])
+    return "\n".join([
+        f"- DataParallel over **{dp['devices']} GPUs** ran at **{dp['images_per_second']:.0f}** images/s, "
+        f"{dp['speedup']:.2f}x one GPU where {dp['devices']}x would be ideal "
+        f"({dp['speedup'] / dp['devices']:.0%} efficiency).",
+        f"- GPU 0 peaked at **{memory[0]:.0f} MiB** against **{others:.0f} MiB** on average on the others "
+        f"({memory[0] / others:.2f}x): it holds the master copy of the model, gathers every output, computes the "
+        "loss and reduces the gradients, while the others only hold a replica and their slice.",
+        "- Every step, one Python process scatters the batch, copies the weights to every GPU, runs the replicas in "
+        "threads (which take turns on the GIL) and gathers the results: that serial work grows with the GPU count.",
+    ])
+
+
+def dataparallel_phases_answer(phases: pd.DataFrame | None, gpus: int) -> str:
+    """Markdown: where a DataParallel step goes, from :func:`data_parallel.dataparallel_profile`'s table, or what
+    that profile would show where there are fewer than two GPUs."""
+    if phases is None:
+        return (f"- With **{gpus} GPU(s)** here DataParallel calls the model directly: there is no scatter, "
+                "replicate or gather to profile. On 2 or more GPUs this cell traces a few DataParallel steps and "
+                "tabulates the host's time in each phase of a step: *scatter* (the batch cut and copied to each GPU), "
+                "*replicate* (the weights copied from GPU 0 to every GPU, in every step), *parallel_apply* (the "
+                "replicas' forward passes in threads that take turns on the GIL), *gather* (the outputs back to "
+                "GPU 0), and in the backward pass the gradients summed into GPU 0 and the output gradients "
+                "scattered; and the GPUs' time copying between devices. Replicate and the reductions grow with the "
+                "model and the GPU count and are driven by one process: that is what DDP removes. To see it, ask "
+                "for 2 or more GPUs (on LUMI, a Jupyter session or job with 2 or more GCDs).")
+    ms = dict(zip(phases["phase"], phases["ms"]))
+    moving = sum(ms[name] for name in ("scatter", "replicate", "gather", "reduce_gradients", "scatter_gradients"))
+    return "\n".join([
+        f"- A DataParallel step over **{gpus} GPUs** took **{ms['whole step']:.1f} ms**. Moving data, all driven by "
+        f"one process: scatter {ms['scatter']:.1f} ms, replicate {ms['replicate']:.1f} ms, gather "
+        f"{ms['gather']:.1f} ms, gradients reduced into GPU 0 {ms['reduce_gradients']:.1f} ms, output gradients "
+        f"scattered {ms['scatter_gradients']:.1f} ms: **{moving:.1f} ms, {100 * moving / ms['whole step']:.0f} %** of "
+        f"the step (host time; the GPUs spent {ms['gpu_copies']:.1f} ms copying).",
+        f"- The replicas' forward passes (parallel_apply, threads that share the GIL) took {ms['parallel_apply']:.1f} "
+        "ms of the host's time.",
+        "- DDP copies the model once at start-up, each rank loads its own batch and computes its own loss, and only "
+        "gradients travel, all-reduced while the backward pass goes on: none of the phases above is in its step "
+        "(notebook 07 measures what it pays instead).",
+    ])

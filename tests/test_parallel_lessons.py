@@ -1,0 +1,228 @@
+"""The answers and checks of notebooks 06-09 on noisy and contradictory measurements, and the exercise cells."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from course_utils.lessons import data_parallel, ddp, memory_ladder, reference
+from course_utils.parallel.launch import launch
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def _modes(one_ips, ddp_ips, one_s, ddp_s, spread_one=0.05, spread_ddp=0.05):
+    return pd.DataFrame([
+        {"mode": "one device", "devices": 1, "global_batch": 64, "images_per_second": one_ips,
+         "steady_iteration_seconds": one_s, "steps_per_rank": [12], "iteration_spread": spread_one,
+         "speedup": 1.0},
+        {"mode": "DDP, 2 ranks", "devices": 2, "global_batch": 128, "images_per_second": ddp_ips,
+         "steady_iteration_seconds": ddp_s, "steps_per_rank": [12, 12], "iteration_spread": spread_ddp,
+         "speedup": ddp_ips / one_ips}])
+
+
+def test_an_impossible_ddp_speedup_is_reported_as_a_disturbed_measurement():
+    """The run seen on a busy machine: 3.82x on 2 ranks (191 % of ideal) and a DDP cost of 0.54x."""
+    text = ddp.ddp_answer(_modes(100, 382, 0.20, 0.108))
+    assert "Disturbed measurement" in text and "191%" in text
+    assert "DDP's own cost" not in text
+
+
+def test_a_ddp_cost_inside_the_spread_is_no_measurable_difference():
+    text = ddp.ddp_answer(_modes(100, 190, 0.100, 0.104, spread_one=0.05, spread_ddp=0.05))
+    assert "no measurable difference" in text and "Disturbed" not in text
+
+
+def test_a_ddp_cost_beyond_the_spread_is_reported_as_a_cost():
+    text = ddp.ddp_answer(_modes(100, 150, 0.100, 0.140, spread_one=0.02, spread_ddp=0.03))
+    assert "not hidden behind the backward pass" in text and "**no measurable difference**" not in text
+
+
+def test_a_cost_below_one_beyond_the_spread_is_disturbed_even_at_a_plausible_speedup():
+    assert "Disturbed measurement" in ddp.ddp_answer(_modes(100, 180, 0.100, 0.070, 0.02, 0.02))
+
+
+def test_the_spread_is_robust_to_an_outlier_and_has_a_floor():
+    assert data_parallel.relative_spread([1.0] * 10 + [50.0]) == data_parallel.SPREAD_FLOOR
+    assert data_parallel.relative_spread([1.0, 1.2, 0.8, 1.0, 1.1, 0.9]) == pytest.approx(0.1, abs=0.03)
+    assert data_parallel.within_spread(1.05, 0.06) and not data_parallel.within_spread(1.1, 0.06)
+
+
+def test_the_script_and_the_command_agree_within_the_spread_or_say_what_differs():
+    same = ddp.agreement([0.10, 0.11, 0.09, 0.10, 0.12, 0.10], [0.10, 0.105, 0.095, 0.11, 0.1, 0.1])
+    assert "No measurable difference" in ddp.agreement_answer(same)
+    apart = ddp.agreement([0.20, 0.21, 0.20, 0.20, 0.21], [0.10, 0.10, 0.101, 0.10, 0.10])
+    text = ddp.agreement_answer(apart)
+    assert "your script was slower" in text and "No measurable difference" not in text
+
+
+def _record(orders):
+    return {"world_size": 2, "device": "cpu",
+            "epochs": [{"epoch": e, "first_samples": o, "step_seconds": [0.1, 0.1]} for e, o in enumerate(orders)]}
+
+
+def test_the_set_epoch_check_says_done_only_when_every_epoch_repeats_the_order():
+    assert ddp.check_set_epoch_removed(_record([[1, 2], [1, 2], [1, 2]])).startswith("Done")
+    assert ddp.check_set_epoch_removed(_record([[1, 2], [3, 4], [1, 2]])).startswith("Not yet")
+    assert ddp.check_set_epoch_removed(_record([[1, 2]])).startswith("Not checked")
+
+
+def test_a_missing_record_names_the_cell_that_writes_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run the cell that launches the script"):
+        ddp.read_record(tmp_path / "record.json")
+
+
+def _held(largest, state=2.0):
+    return pd.DataFrame([{"rank": r, "parameters_mib": state, "gradients_mib": state, "optimizer_state_mib": 2 * state,
+                          "largest_group_mib": largest, "model_mib": 4.0} for r in range(2)])
+
+
+def test_the_fsdp_exercise_check_reads_the_largest_group():
+    assert memory_ladder.check_fewer_groups(_held(1.0), _held(1.0)).startswith("Not yet")
+    assert memory_ladder.check_fewer_groups(_held(1.0), _held(3.0)).startswith("Done")
+
+
+def test_gpu_reference_rows_are_shown_only_where_a_gpu_recorded_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "results_dir", lambda: tmp_path)
+    cpu = {"benchmark": "parallel_modes", "device": "CPU", "date": "2026-11-23", "versions": {}, "rows": [{"a": 1}]}
+    (tmp_path / "cpu.json").write_text(json.dumps(cpu))
+    said = reference.recorded_on_gpus("parallel_modes", "python benchmarks/parallel_modes.py")
+    assert isinstance(said, str) and "No GPU numbers" in said and "benchmarks/parallel_modes.py" in said
+    (tmp_path / "gpu.json").write_text(json.dumps({**cpu, "device": "NVIDIA H100 80GB HBM3"}))
+    rows = reference.recorded_on_gpus("parallel_modes", "python benchmarks/parallel_modes.py")
+    assert list(rows["device"]) == ["NVIDIA H100 80GB HBM3"]
+
+
+@pytest.mark.parametrize("notebook", ["06_dataparallel", "07_ddp", "08_multinode_scaling", "09_sharding_and_memory"])
+def test_every_parallel_notebook_has_a_code_exercise_whose_collapsed_solution_nbval_runs(notebook):
+    """nbval runs the notebooks as committed, so a solution cell that runs there cannot rot unnoticed."""
+    cells = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
+    tags = [cell["metadata"].get("tags", []) for cell in cells]
+    exercises = [i for i, t in enumerate(tags) if "exercise" in t]
+    solutions = [i for i, t in enumerate(tags) if "solution" in t]
+    assert exercises and solutions and min(exercises) < min(solutions)
+    for index in solutions:
+        cell = cells[index]
+        assert cell["cell_type"] == "code" and cell["metadata"]["jupyter"]["source_hidden"]
+        assert not {"nbval-skip", "skip-execution"} & set(tags[index])
+        assert "check" in "".join(cell["source"]) or "print(" in "".join(cell["source"])
+
+
+def test_launch_runs_a_script_file_under_torchrun(tmp_path):
+    """Notebooks 07 and 09 launch the script a cell wrote: a path, not a module; its flags reach it."""
+    script = tmp_path / "hello.py"
+    script.write_text("import os, sys\n"
+                      "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], sys.argv[1:])\n")
+    result = launch(2, str(script), "--out", "x", log_dir=tmp_path / "logs", timeout_seconds=240, echo=False)
+    assert result.ok
+    said = "\n".join(result.lines)
+    assert "rank 0 of 2 ['--out', 'x']" in said and "rank 1 of 2 ['--out', 'x']" in said
+
+
+def test_the_dataparallel_exercise_check_loads_the_weights_into_the_plain_model(tmp_path):
+    import torch
+    from torch import nn
+
+    from course_utils.lessons import dataparallel
+    from course_utils.training.models import build
+
+    wrapped = nn.DataParallel(build("small_cnn"))
+    torch.save(wrapped.state_dict(), tmp_path / "wrapped.pt")
+    assert dataparallel.check_plain_load(tmp_path / "wrapped.pt", "small_cnn").startswith("Not yet: ")
+    torch.save(wrapped.module.state_dict(), tmp_path / "plain.pt")
+    assert dataparallel.check_plain_load(tmp_path / "plain.pt", "small_cnn").startswith("Done")
+    assert dataparallel.check_plain_load(tmp_path / "plain.pt", "small_cnn_gn").startswith("Not yet: the plain")
+
+
+def test_the_capstone_answer_compares_means_and_calls_an_impossible_efficiency_disturbed():
+    from course_utils.lessons import detection
+    from course_utils.parallel import transport
+
+    scaled = pd.DataFrame([
+        {"ranks": 1, "global_batch": 8, "mean_iteration_seconds": 1.0, "speedup": 1.0, "efficiency": 1.0,
+         "box_ap": 0.1},
+        {"ranks": 2, "global_batch": 8, "mean_iteration_seconds": 0.4, "speedup": 2.5, "efficiency": 1.25,
+         "box_ap": 0.2}])
+    steps = pd.DataFrame([{"communication_percent": 10.0, "step_ms": 100.0, "hidden_ms": 2.0,
+                           "communication_ms": 10.0}])
+    amp = pd.DataFrame([{"amp": "off", "seconds_per_iteration": 1.0, "speedup": 1.0, "box_ap": 0.1, "device": "CPU"},
+                        {"amp": "bf16", "seconds_per_iteration": 1.2, "speedup": 0.83, "box_ap": 0.1,
+                         "device": "CPU"}])
+    text = detection.answer(scaled, steps, transport.read([]), amp, "CPU processes", False)
+    assert "disturbed measurement" in text and "0.400 s/it" in text
+    assert "not the interconnect alone" in text and "frozen BatchNorm" in text
+    assert "the interconnect is the difference" not in text
+    honest = scaled.assign(efficiency=[1.0, 0.9], speedup=[1.0, 1.8])
+    assert "disturbed" not in detection.answer(honest, steps, transport.read([]), amp, "CPU processes", False)
+
+
+def test_the_team_s_seconds_per_iteration_are_their_training_time_over_90000_iterations():
+    from course_utils.lessons import detection
+
+    for row in detection.TEAM.itertuples():
+        hours, minutes, seconds = map(int, row.wall_time.split(":"))
+        assert (hours * 3600 + minutes * 60 + seconds) / 90_000 == pytest.approx(row.seconds_per_iteration, abs=2e-4)
+
+
+@pytest.mark.parametrize(("given", "expected"), [({"SLURM_JOB_ACCOUNT": "project_465000001"}, "project_465000001"),
+                                                 ({"SLURM_JOB_ACCOUNT": "project_465000001",
+                                                   "SBATCH_ACCOUNT": "project_1"}, "project_1"),
+                                                 ({}, "unset")])
+def test_the_lumi_jupyter_init_bills_notebook_jobs_to_the_session_s_project(tmp_path, given, expected):
+    """sbatch from notebook 08 reads SBATCH_ACCOUNT; in LUMI's Jupyter app Slurm names the project."""
+    import os
+    import subprocess
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "activate").write_text("")
+    init = NOTEBOOKS.parent / "jobs" / "lumi" / "jupyter_init.sh"
+    env = {key: value for key, value in os.environ.items() if key not in ("SLURM_JOB_ACCOUNT", "SBATCH_ACCOUNT")}
+    said = subprocess.run(["bash", "-c", f"source {init} >/dev/null; echo ${{SBATCH_ACCOUNT-unset}}"],
+                          env={**env, "COURSE_VENV": str(tmp_path), "TMPDIR": str(tmp_path), **given},
+                          capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert said == expected
+
+
+def test_dataparallel_on_one_gpu_reads_the_wrapper_s_cost_against_the_spread():
+    from course_utils.lessons import dataparallel
+
+    def modes(dp_rate, spread):
+        return pd.DataFrame([{"mode": "one device", "images_per_second": 100.0, "speedup": 1.0,
+                              "iteration_spread": spread},
+                             {"mode": "DataParallel, 1 device(s)", "images_per_second": dp_rate, "devices": 1,
+                              "speedup": dp_rate / 100, "iteration_spread": spread}])
+    assert "**no measurable difference**" in dataparallel.dataparallel_answer(modes(97.0, 0.03), 1)
+    assert "run the cell again" in dataparallel.dataparallel_answer(modes(70.0, 0.03), 1)
+    two = modes(260.0, 0.03).assign(devices=[1, 2], peak_memory_per_device_mib=[None, [900.0, 500.0]])
+    assert "Disturbed measurement" in dataparallel.dataparallel_answer(two, 2)
+
+
+def test_ddp_knobs_inside_the_spread_are_no_measurable_difference():
+    knobs = pd.DataFrame([{"setting": "defaults", "images_per_second": 100.0, "relative": 1.0,
+                           "iteration_spread": 0.04},
+                          {"setting": "1 MB buckets", "images_per_second": 104.0, "relative": 1.04,
+                           "iteration_spread": 0.04},
+                          {"setting": "grad_accum 2", "images_per_second": 150.0, "relative": 1.5,
+                           "iteration_spread": 0.04}])
+    lines = ddp.knobs_answer(knobs).splitlines()
+    assert lines[1].endswith("no measurable difference.") and "faster by more than" in lines[2]
+
+
+def test_a_scaling_study_above_the_ideal_is_a_disturbed_measurement():
+    from course_utils.lessons import scaling
+
+    table = pd.DataFrame([{"ranks": 1, "speedup": 1.0, "efficiency": 1.0, "global_batch": 64},
+                          {"ranks": 2, "speedup": 2.6, "efficiency": 1.3, "global_batch": 128}])
+    assert "disturbed measurement" in scaling.scaling_answer({"weak": table})
+    assert "disturbed" not in scaling.scaling_answer({"weak": table.assign(speedup=[1.0, 1.8], efficiency=[1.0, 0.9])})
+
+
+def test_the_ladder_answer_calls_a_faster_recomputation_noise_and_claims_no_gpu_rows():
+    def rung(name, state, activations, rate):
+        return {"rung": name, "ranks": 2, "parameters_mib": state, "gradients_mib": state, "optimizer_state_mib": state,
+                "activations_mib": activations, "images_per_second": rate, "skipped": None}
+    ladder = pd.DataFrame([rung("DDP", 4.0, 10.0, 100.0), rung("FSDP", 2.0, 10.0, 95.0),
+                           rung("FSDP + activation checkpointing", 2.0, 3.0, 97.0)])
+    text = memory_ladder.memory_ladder_answer(ladder, "CPU processes")
+    assert "within that" in text and "recorded GPU rows below show" not in text
