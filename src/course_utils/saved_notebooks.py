@@ -15,6 +15,9 @@ from typing import Any
 CHECKED_OUTPUT = "# NBVAL_CHECK_OUTPUT"
 CHECKED_COUNT = 1
 KEPT_NOTEBOOK_METADATA = ("kernelspec",)
+# A cell keeps its tags (the exercises' and solutions' names, which the tests find cells by) and Jupyter's
+# own display state (a solution's source hidden until the learner opens it); the rest is editor state.
+KEPT_CELL_METADATA = ("tags", "jupyter")
 
 
 def course_form(notebook: dict[str, Any]) -> dict[str, Any]:
@@ -23,7 +26,7 @@ def course_form(notebook: dict[str, Any]) -> dict[str, Any]:
     notebook["metadata"] = {key: metadata[key] for key in KEPT_NOTEBOOK_METADATA if key in metadata}
     notebook["metadata"]["language_info"] = {"name": "python"}
     for cell in notebook.get("cells", []):
-        cell["metadata"] = {}
+        cell["metadata"] = {key: cell["metadata"][key] for key in KEPT_CELL_METADATA if key in cell.get("metadata", {})}
         if cell["cell_type"] != "code":
             continue
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]

@@ -13,6 +13,8 @@ checkpoint as the newest whole one.
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from course_utils.atomic_files import replace_directory
 from course_utils.parallel.collectives import barrier
 from course_utils.training import checkpoint
 from course_utils.training.shard_files import DataOnlyPlanner, DataOnlyReader, NotData
+
+SHORT_WRITE = "unexpected pos"  # PyTorch's zip writer (inline_container.cc) when a file took fewer bytes than sent
 
 
 def save_keeping(model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any], folder: Path,
@@ -81,8 +85,14 @@ def _first_failure(error: dcp.CheckpointException) -> str:
 
 def _as_error(error: dcp.CheckpointException, folder: Path) -> Exception:
     """A failed save as the error it was on the first failing rank (a full disk: ``OSError`` ENOSPC, naming the
-    folder), which the training command reports in one line."""
+    folder), which the training command reports in one line.
+
+    A full disk reaches DCP in two ways: Python's own write raises ENOSPC, or PyTorch's zip writer (an item saved
+    with ``torch.save``) finds its file shorter than it wrote and says only "unexpected pos": a short write,
+    which on a local disk is a full one."""
     cause = _first_cause(error)
     if isinstance(cause, OSError):
         return OSError(cause.errno, cause.strerror, cause.filename or str(folder))
+    if isinstance(cause, RuntimeError) and SHORT_WRITE in str(cause):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
     return RuntimeError(f"the sharded checkpoint in {folder} was not written: {_first_failure(error)}")

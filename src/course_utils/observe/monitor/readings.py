@@ -79,6 +79,8 @@ def parse_nvidia_smi(text: str) -> list[Reading]:
     if not rows:
         return []
     header = [re.sub(r"\s*\[.*\]$", "", column.strip()) for column in rows[0]]
+    if not set(header) & set(NVIDIA_FIELDS):
+        raise ValueError(f"no nvidia-smi CSV header (none of its fields) in {rows[0]!r}")
     readings = []
     for position, row in enumerate(rows[1:]):
         value = dict(zip(header, (cell.strip() for cell in row)))
