@@ -14,7 +14,12 @@ if ((SLURM_NODEID == 0)); then
 fi
 # torchrun starts its workers in their own sessions, out of reach of Slurm's signals: it passes
 # SIGUSR1 (--signal=USR1@...: checkpoint and stop) on to them, as it does SIGTERM, and gives them
-# --shutdown-timeout seconds to write their checkpoint.
-exec torchrun --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout=90 \
+# --shutdown-timeout seconds to write their checkpoint (a flag PyTorch 2.10's torchrun does not know: there
+# its own default holds).
+shutdown=()
+if torchrun --help 2>/dev/null | grep -q -- --shutdown-timeout; then
+  shutdown=(--shutdown-timeout=90)
+fi
+exec torchrun --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 "${shutdown[@]}" \
     --nnodes="$SLURM_NNODES" --nproc-per-node="$gpus" \
     --rdzv-id="$SLURM_JOB_ID" --rdzv-backend=c10d --rdzv-endpoint="$head_node:$port" "$@"
