@@ -16,7 +16,7 @@ from pathlib import Path
 from course_utils import config
 from course_utils.data import cifar, generated_cifar100, generated_coco
 from course_utils.data import coco as coco_data
-from data_prep import cifar100, coco
+from data_prep import cifar100, coco, guard
 
 
 def verified(root: Path) -> bool:
@@ -66,10 +66,14 @@ def main(argv: list[str] | None = None) -> int:
                              "the ci size always makes its tiny COCO-format set")
     args = parser.parse_args(argv)
     size = config.get_size(args.size)
-    status = prepare(size, "cifar100")
-    if status == 0 and (size.generated_data or args.coco):
-        status = prepare(size, "coco")
-    return status
+
+    def work() -> int:
+        status = prepare(size, "cifar100")
+        if status == 0 and (size.generated_data or args.coco):
+            status = prepare(size, "coco")
+        return status
+
+    return guard.run(work, config.data_dir(size), chosen_by=config.DATA_VARIABLE)
 
 
 if __name__ == "__main__":

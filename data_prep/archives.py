@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 import zipfile
@@ -23,8 +22,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from course_utils.atomic_files import replace_directory
+from course_utils.atomic_files import replace_directory, staging_folder
 from course_utils.data.cifar import file_md5
+from data_prep import guard
 
 PARTIAL_CONTENT = 206
 RANGE_NOT_SATISFIABLE = 416  # asked for bytes past the end: the partial file is already whole
@@ -52,7 +52,10 @@ def _stream(url: str, partial: Path, label: str) -> None:
                 tqdm(total=offset + length or None, initial=offset, unit="B", unit_scale=True,
                      desc=f"downloading {label}") as bar:
             while chunk := response.read(1 << 20):
-                out.write(chunk)
+                try:
+                    out.write(chunk)
+                except OSError as error:  # a failed write does not say which file it was writing
+                    raise OSError(error.errno, error.strerror, str(partial)) from error
                 bar.update(len(chunk))
             if length and out.tell() < offset + length:  # http.client ends a cut-off body without an error
                 raise ConnectionError(f"the connection closed after {out.tell()} of {offset + length} bytes")
@@ -65,6 +68,8 @@ def download(url: str, destination: Path) -> Path:
     try:
         _stream(url, partial, destination.name)
     except (urllib.error.URLError, http.client.HTTPException, OSError) as error:
+        if guard.is_refusal(error):  # the disk, not the network: the guard names that fix
+            raise
         received = partial.stat().st_size if partial.exists() else 0
         if received:
             kept = f" The {received} bytes in {partial} are kept: running this command again continues from there."
@@ -102,11 +107,13 @@ def _unpack(archive: Path, staging: Path) -> None:
 def extract(archive: Path, root: Path, folder: str) -> Path:
     """Extract ``archive``, whose content is one top-level ``folder``, into ``root/folder`` atomically;
     return that folder. An existing ``root/folder`` is replaced."""
-    staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
+    staging = staging_folder(root, ".extract-")
     try:
         try:
             _unpack(archive, staging)
         except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as error:
+            if guard.is_refusal(error):
+                raise
             raise ArchiveError(f"{archive} could not be extracted ({error}); nothing was extracted.") from error
         if not (staging / folder).is_dir():
             raise ArchiveError(f"{archive} holds no {folder}/ folder; nothing was extracted.")
@@ -118,20 +125,24 @@ def extract(archive: Path, root: Path, folder: str) -> Path:
 
 
 def run_command(verify_only: bool, verify: Callable[[], list[str]], prepare: Callable[[], Path], name: str,
-                fix: str) -> int:
+                fix: str, root: Path) -> int:
     """What a data_prep command prints and returns: with ``verify_only`` the problems ``verify`` finds and
-    the command ``fix`` that mends them, else the folder ``prepare`` makes ready, or the error it met."""
-    try:
-        if verify_only:
-            found = verify()
-            if found:
-                print(f"FAILED: {'; '.join(found)}; run: {fix}", file=sys.stderr)
-                return 1
-            print(f"OK: the {name} tree is whole")
-            return 0
-        folder = prepare()
-    except ArchiveError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(f"{name} ready in {folder}")
-    return 0
+    the command ``fix`` that mends them, else the folder ``prepare`` makes ready in ``root``, or the error
+    it met (the file system's refusals as :mod:`data_prep.guard` says them)."""
+    def work() -> int:
+        try:
+            if verify_only:
+                found = verify()
+                if found:
+                    print(f"FAILED: {'; '.join(found)}; run: {fix}", file=sys.stderr)
+                    return 1
+                print(f"OK: the {name} tree is whole")
+                return 0
+            folder = prepare()
+        except ArchiveError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        print(f"{name} ready in {folder}")
+        return 0
+
+    return guard.run(work, root, writes=not verify_only)

@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     return run_command(
         args.verify, lambda: [f"{name} in {args.root / FOLDER} missing or damaged" for name in verify(args.root)],
-        lambda: prepare(args.root, url=args.url), "CIFAR-100", f"python -m data_prep.cifar100 --root {args.root}")
+        lambda: prepare(args.root, url=args.url), "CIFAR-100", f"python -m data_prep.cifar100 --root {args.root}",
+        args.root)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     return run_command(args.verify, lambda: verify(args.root),
                        lambda: prepare(args.root, base_url=args.base_url, keep_archives=args.keep_archives),
-                       "COCO 2017", f"python -m data_prep.coco --root {args.root}")
+                       "COCO 2017", f"python -m data_prep.coco --root {args.root}", args.root)
 
 if __name__ == "__main__":
     sys.exit(main())

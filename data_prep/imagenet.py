@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from course_utils.atomic_files import write_text_atomic
 from course_utils.data.cifar import file_md5
 from course_utils.data.generated_imagenet import GROUND_TRUTH_MEMBER, META_MEMBER, val_name
+from data_prep import guard
 
 PUBLISHED_MD5 = {name: md5 for name, md5 in ARCHIVE_META.values()}  # torchvision's table of the official sums
 TRAIN, VAL, DEVKIT = (ARCHIVE_META[part][0] for part in ("train", "val", "devkit"))
@@ -405,25 +406,29 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verify and args.archives is None:
         parser.error("--archives DIR is needed to extract (or give --verify)")
     fix = command(args.archives or "DIR", args.root)
-    try:
-        if args.verify:
-            problems = verify(args.root)
-            if problems:
-                shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
-                print(f"FAILED: {args.root} is not a finished ImageNet tree ({shown}); run: {fix} "
-                      f"(finished classes are kept)", file=sys.stderr)
-                return 1
-            print(f"OK: {args.root} holds every class of train/ and val/, each with all its images")
-            return 0
-        md5sums = read_md5sums(args.md5sums) if args.md5sums else None
-        prepare(args.archives, args.root, md5sums)
-    except PrepError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    source = f"the MD5s in {args.md5sums}" if args.md5sums else "the published MD5s"
-    print(f"ImageNet ready in {args.root}/train and {args.root}/val (archives checked against {source}); "
-          f"train on it with --data imagefolder --data-dir {args.root}")
-    return 0
+
+    def work() -> int:
+        try:
+            if args.verify:
+                problems = verify(args.root)
+                if problems:
+                    shown = ", ".join(problems[:5]) + (f" and {len(problems) - 5} more" if len(problems) > 5 else "")
+                    print(f"FAILED: {args.root} is not a finished ImageNet tree ({shown}); run: {fix} "
+                          f"(finished classes are kept)", file=sys.stderr)
+                    return 1
+                print(f"OK: {args.root} holds every class of train/ and val/, each with all its images")
+                return 0
+            md5sums = read_md5sums(args.md5sums) if args.md5sums else None
+            prepare(args.archives, args.root, md5sums)
+        except PrepError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        source = f"the MD5s in {args.md5sums}" if args.md5sums else "the published MD5s"
+        print(f"ImageNet ready in {args.root}/train and {args.root}/val (archives checked against {source}); "
+              f"train on it with --data imagefolder --data-dir {args.root}")
+        return 0
+
+    return guard.run(work, args.root, writes=not args.verify)
 
 
 if __name__ == "__main__":

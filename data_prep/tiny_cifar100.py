@@ -8,14 +8,16 @@ What the files hold, and why they need no checksum file, is in
 
 from __future__ import annotations
 
+import sys
+
 from course_utils.data.generated_cifar100 import generate
 from data_prep import generator_command
 
 
-def main(argv: list[str] | None = None) -> None:
-    generator_command.run(__doc__, generate, "tiny CIFAR-100", "folder that receives cifar-100-python/",
-                          (("train", 5000), ("test", 1000)), argv)
+def main(argv: list[str] | None = None) -> int:
+    return generator_command.run(__doc__, generate, "tiny CIFAR-100", "folder that receives cifar-100-python/",
+                                 (("train", 5000), ("test", 1000)), argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,17 +10,19 @@ arguments.
 
 from __future__ import annotations
 
+import sys
+
 from course_utils.data.generated_coco import PHOTO_SIDES, SIDES, TRAIN_IMAGES, VAL_IMAGES, generate
 from data_prep import generator_command
 
 
-def main(argv: list[str] | None = None) -> None:
-    generator_command.run(__doc__, generate, "a tiny COCO-format set",
-                          "folder that receives train2017/, val2017/ and annotations/",
-                          (("train", TRAIN_IMAGES), ("val", VAL_IMAGES)), argv,
-                          ("photo-sizes", f"images {PHOTO_SIDES[0]}-{PHOTO_SIDES[1]} px a side, as COCO's photos, "
-                                          f"instead of {SIDES[0]}-{SIDES[1]}: the stand-in to time a detector on"))
+def main(argv: list[str] | None = None) -> int:
+    photo_sizes = (f"images {PHOTO_SIDES[0]}-{PHOTO_SIDES[1]} px a side, as COCO's photos, instead of "
+                   f"{SIDES[0]}-{SIDES[1]}: the stand-in to time a detector on")
+    return generator_command.run(__doc__, generate, "a tiny COCO-format set",
+                                 "folder that receives train2017/, val2017/ and annotations/",
+                                 (("train", TRAIN_IMAGES), ("val", VAL_IMAGES)), argv, ("photo-sizes", photo_sizes))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

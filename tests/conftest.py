@@ -1,12 +1,13 @@
 """Shared fixtures: a small generated CIFAR-100 and COCO-format set, quick training options, readers of a run
-folder, a free port, the cloud recipe run as two 'VMs' on this machine, and the one torchrun self-check of the
-session."""
+folder, a free port, a small or read-only file system, the cloud recipe run as two 'VMs' on this machine, and
+the one torchrun self-check of the session."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,27 @@ def quick(tiny_root: Path, tmp_path: Path) -> dict:
 def free_port() -> int:
     """A TCP port nobody listens on right now, for a rendezvous the test sets up itself."""
     return process_group.free_port()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """A real file system of a chosen size (tmpfs), read-only on request; calling it again remounts it with the
+    new size and mode, its files kept. Needs the right to mount, as CI has."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+
+    def mount(size_bytes: int, read_only: bool = False) -> Path:
+        options = f"size={size_bytes // 1024 + 1}k,{'ro' if read_only else 'rw'}"
+        if mount_point.is_mount():
+            options = f"remount,{options}"
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+        return mount_point
+
+    yield mount
+    subprocess.run(["umount", str(mount_point)], capture_output=True)
 
 
 @pytest.fixture

@@ -149,3 +149,12 @@ def test_data_prep_makes_the_tiny_coco_set_beside_the_tiny_cifar100_at_the_ci_si
         "Generated stand-in for COCO in its format, shapes instead of photos (seed 0), 32 validation")
     assert main(["--size", "ci"]) == 0
     assert capsys.readouterr().out.count("verified, nothing to do") == 2
+
+
+def test_a_disk_that_fills_during_the_download_says_disk_full_not_how_to_download(served, small_disk, capsys):
+    base, _ = served
+    disk = small_disk((base / "annotations" / "annotations_trainval2017.zip").stat().st_size // 2)
+    assert coco.main(["--root", str(disk / "coco"), "--base-url", base.as_uri()]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"error: disk full writing {disk / 'coco' / 'annotations_trainval2017.zip.part'}")
+    assert "elsewhere" not in error

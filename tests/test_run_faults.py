@@ -83,24 +83,6 @@ def test_a_metrics_line_cut_short_by_a_full_disk_is_left_out_and_others_are_name
         read_records(path)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real file system of a chosen size (tmpfs); needs the right to mount, as CI has."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-
-    def mount(size_bytes: int) -> Path:
-        size_k = size_bytes // 1024 + 1
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_k}k", "tmpfs", str(mount_point)],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-        return mount_point
-
-    yield mount
-    subprocess.run(["umount", str(mount_point)], capture_output=True)
-
-
 @pytest.mark.slow
 def test_a_full_disk_says_so_and_keeps_the_last_good_checkpoint(quick, tmp_path, small_disk, capsys):
     train(**{**quick, "max_steps": 1, "out": str(tmp_path / "probe")})

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -77,13 +79,38 @@ def write_text_atomic(path: Path, text: str) -> Path:
     return write_atomic(path, lambda stream: stream.write(text.encode()))
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def staging_folder(parent: Path, prefix: str) -> Path:
+    """A new empty folder in ``parent`` named ``prefix``, this host and this process; first removes the
+    folders of the same prefix that a process of this host left when it was killed (SIGKILL, the OOM
+    killer: no clean-up ran), which can hold gigabytes. Another host's folders are left alone: its
+    processes cannot be seen from here."""
+    parent, host = Path(parent), re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
+    left = re.compile(rf"{re.escape(prefix)}{re.escape(host)}-(\d+)-\w+")
+    with contextlib.suppress(OSError):
+        for folder in parent.iterdir():
+            match = left.fullmatch(folder.name)
+            if match and not _alive(int(match.group(1))):
+                shutil.rmtree(folder, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{host}-{os.getpid()}-", dir=parent))
+
+
 @contextlib.contextmanager
 def whole_directory(target: Path) -> Iterator[Path]:
     """An empty folder beside ``target`` to write into; when the block ends without an error it replaces
     ``target`` (whose old content is deleted), else it is removed and ``target`` stays as it was."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    staging = staging_folder(target.parent, f".{target.name}-")
     try:
         yield staging
         replace_directory(staging, target)
