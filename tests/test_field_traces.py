@@ -87,3 +87,24 @@ def test_the_hidden_share_of_communication_agrees_with_holistic_trace_analysis(n
         ours = 100 * table["hidden_ms"].sum() / table["communication_ms"].sum()
         # HTA rounds nanosecond times down to whole microseconds (the DDP trace has them): half a point apart
         assert ours == pytest.approx(by_hta[rank], abs=0.6 if "ddp" in name else 0.05)
+
+
+def test_the_bytes_the_host_handed_to_nccl_are_what_the_kernels_moved():
+    """A recent trace records each collective twice, on the host's call and on its NCCL kernel: the bytes read
+    from the calls, step by step, are the kernels' element counts of the same steps."""
+    trace = FIXTURES / "hta_ddp_2ranks_rank0.json.gz"
+    events = profiling.trace_events(trace)
+    steps = communication.host_steps(events)
+    by_kernels = [sum(e["args"]["In msg nelems"] * communication.ELEMENT_BYTES[e["args"]["dtype"]] for e in work
+                      if "nccl" in e["name"].lower())
+                  for work in communication.device_work_by_step(events, steps)]
+    assert communication.collective_bytes(trace) == by_kernels
+    assert min(by_kernels) > 0
+
+
+def test_the_bytes_of_an_older_trace_come_from_its_nccl_ranges():
+    """The 16-rank trace (no per-call records) gives the same bytes in each of its steps: the same model, the
+    same collectives, whatever each step's timing."""
+    per_step = communication.collective_bytes(FIXTURES / "hta_16ranks_rank0_cut.json.gz")
+    assert len(per_step) == 5 and min(per_step) > 1e9
+    assert max(per_step) / min(per_step) < 1.001

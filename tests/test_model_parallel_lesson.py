@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from course_utils.lessons import model_parallel
+from course_utils import config
+from course_utils.lessons import data_parallel, model_parallel
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "11_tensor_and_pipeline_parallel.ipynb"
 
@@ -26,7 +27,7 @@ def _run(tmp_path, name: str, text: str | None = None) -> Path:
     script, results = tmp_path / name, tmp_path / f"{Path(name).stem}-results"
     script.write_text(text or _script(name))
     results.mkdir()
-    model_parallel.run_script(2, script, str(results))
+    model_parallel.run_script(2, script, str(results), "cpu")
     return results
 
 
@@ -79,7 +80,27 @@ def test_the_modes_answer_calls_overlapping_step_times_no_difference():
                           "activations MiB": [10.0, 10.0, 5.0], "collectives MiB/step": [0.5, 1.0, 3.25],
                           "batch per rank": [8, 8, 16]})
     steps = {"ddp": [0.10, 0.11, 0.12, 0.30], "fsdp": [0.105, 0.115, 0.2], "tp": [0.5, 0.6, 0.7]}
-    answer = model_parallel.modes_answer(table, steps)
+    answer = model_parallel.modes_answer(table, steps, on_gpus=False)
     assert "least under fsdp" in answer and "most under tp" in answer
     assert "per image of the rank's batch: ddp 1.25 MiB, fsdp 1.25 MiB, tp 0.31 MiB" in answer
     assert "measurably slower (quartiles apart): tp" in answer and "no measurable difference from fsdp" in answer
+    assert answer.endswith("(CPU processes on a shared machine: not GPU speed).")
+    assert model_parallel.modes_answer(table, steps, on_gpus=True).endswith("(one GPU per rank).")
+
+
+@pytest.mark.parametrize("gpus, runs", [(0, {"ddp": 2, "fsdp": 2, "tp": 2, "fsdp-tp": 4}),
+                                        (1, {"ddp": 2, "fsdp": 2, "tp": 2, "fsdp-tp": 4}),
+                                        (2, {"ddp": 2, "fsdp": 2, "tp": 2}),
+                                        (8, {"ddp": 4, "fsdp": 4, "tp": 4, "fsdp-tp": 4})])
+def test_the_comparison_takes_the_machines_ranks_and_the_sizes_model(gpus, runs):
+    shape = data_parallel.parallel_shape(gpus)
+    size = config.get_size("workshop" if shape.on_gpus else "ci")
+    plan = model_parallel.comparison(shape, size)
+    assert plan.runs == runs
+    assert (plan.options["model"], plan.options["image_size"]) == (("vit_small", 224) if gpus >= 2 else
+                                                                   ("vit_tiny", 32))
+    assert plan.options["device"] == ("auto" if gpus >= 2 else "cpu")
+    assert ("FSDP x TP needs 4 GPUs" in plan.missing) == (gpus == 2)
+    for mode, ranks in plan.runs.items():  # every mode splits the same global batch over whole data groups
+        groups = ranks // 2 if mode == "fsdp-tp" else 1 if mode == "tp" else ranks
+        assert plan.options["batch_size"] % groups == 0

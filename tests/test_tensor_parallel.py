@@ -4,7 +4,9 @@ on another layout; the combinations that cannot work refused by name."""
 
 import pytest
 
+from course_utils.observe import communication
 from course_utils.observe.metrics import read_records
+from course_utils.observe.profiling import TRACE_FILE
 from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
@@ -91,3 +93,14 @@ def test_what_tensor_parallelism_cannot_split_is_refused_by_name(tiny_root, tmp_
         train(**_vit_run(tiny_root, str(tmp_path / "ddp"), distributed="ddp", tp_size=2))
     refused = _ranks(3, tiny_root, tmp_path / "three", expect_ok=False, distributed="tp")
     assert "3 tensor-parallel ranks cannot split 4 attention heads evenly" in "\n".join(refused.lines)
+
+
+def test_the_trace_counts_every_gradient_once_a_step_under_ddp(tiny_root, tmp_path):
+    """Notebook 11's communication column, on a real gloo trace: DDP all-reduces each gradient once a step, so
+    the bytes a step's collectives took are the model's parameters in float32, plus the few bytes the command
+    itself exchanges (the logged loss, the agreement on a stop signal)."""
+    out = tmp_path / "ddp"
+    result = _ranks(2, tiny_root, out, distributed="ddp", trace=tmp_path / "trace", batch_size=GLOBAL_BATCH // 2)
+    per_step = communication.collective_bytes(tmp_path / "trace" / TRACE_FILE)
+    gradients = 4 * result.summary["parameters"]
+    assert per_step and all(0 <= step - gradients < 1024 for step in per_step), (per_step, gradients)

@@ -99,9 +99,9 @@ class ParallelShape:
         if self.on_gpus:
             return f"{self.ranks} ranks, one per GPU, talking through NCCL/RCCL"
         here = "one GPU here" if self.gpus == 1 else "no GPU here"
-        return (f"{here}: the {self.ranks} ranks are CPU processes talking through gloo. They show what DDP does, "
-                "not GPU speed or GPU communication; for those, ask for 2 or more GPUs (on LUMI, the Jupyter app or "
-                "an sbatch with --gpus-per-node=2 or more, up to 8 GCDs per node)")
+        return (f"{here}: the {self.ranks} ranks are CPU processes talking through gloo. They show what the ranks "
+                "do and hold, not GPU speed or GPU communication; for those, ask for 2 or more GPUs (on LUMI, the "
+                "Jupyter app or an sbatch with --gpus-per-node=2 or more, up to 8 GCDs per node)")
 
 
 def parallel_shape(gpus: int | None = None) -> ParallelShape:

@@ -4,12 +4,15 @@ The notebook's scripts (written from its cells and started with torchrun) save w
 the checks here rebuild the unsplit layer from the same weights and input and compare outputs and
 gradients. The mode comparison runs the training command in each ``--distributed`` mode at the same
 global batch and reads memory by kind and speed from the runs' summaries.
+
+Where the ranks run is :func:`course_utils.lessons.data_parallel.parallel_shape`'s answer: one GPU per rank
+(NCCL/RCCL) on a machine with two or more, else CPU processes (gloo) at the ``ci`` size.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +20,24 @@ import pandas as pd
 import torch
 from torch import nn
 
-from course_utils.observe.communication import host_steps
+from course_utils import config
+from course_utils.lessons.data_parallel import ParallelShape
+from course_utils.observe.communication import collective_bytes
 from course_utils.observe.metrics import read_records
-from course_utils.observe.profiling import TRACE_FILE, trace_events
+from course_utils.observe.profiling import TRACE_FILE
 from course_utils.parallel.launch import LaunchResult, launch
 from course_utils.run_folder import RunFolder
 from course_utils.training.options import to_flags
 from course_utils.training.vision_transformer import MLP, Block, ViTShape
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # float32 sums in another order (the split adds partial sums)
-ELEMENT_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4}
+# The comparison's vision transformer and steps by course size: seconds on CPU processes at ci; ViT-S at
+# 224 px on GPUs at workshop, 64 images a step (16 a GPU under DDP on 4: the small per-GPU batch TP is for).
+COMPARISON = {
+    "ci": dict(model="vit_tiny", image_size=32, batch_size=16, max_steps=6, train_samples=128, test_samples=32),
+    "workshop": dict(model="vit_small", image_size=224, batch_size=64, max_steps=30, train_samples=64 * 32,
+                     test_samples=256),
+}
 
 
 def run_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120) -> LaunchResult:
@@ -118,21 +129,28 @@ def bubble_table(folder: Path, formula: Callable[[int, int], float]) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def collective_bytes(trace_file: Path) -> list[int]:
-    """Bytes handed to gloo's collectives in each traced step of a CPU run (each ``gloo:`` range's input
-    tensor: its dimensions times its element's size, as the profiler recorded them)."""
-    events = trace_events(trace_file)
-    collectives = [e for e in events if e["name"].startswith("gloo:") and e.get("args", {}).get("Input Dims")]
-    totals = []
-    for step in host_steps(events):
-        start, end = step["ts"], step["ts"] + step["dur"]
-        total = 0
-        for event in collectives:
-            if start <= event["ts"] < end:
-                dims, kind = event["args"]["Input Dims"][0], event["args"]["Input type"][0]
-                total += math.prod(dims) * ELEMENT_BYTES.get(kind, 4)
-        totals.append(total)
-    return totals
+@dataclass(frozen=True)
+class Comparison:
+    """The runs of the notebook's comparison on this machine: ranks per ``--distributed`` mode, the training
+    options every run shares (the global batch in ``batch_size``), and what this machine cannot show."""
+
+    runs: dict[str, int]
+    options: dict[str, Any]
+    missing: str
+
+
+def comparison(shape: ParallelShape, size: config.Size) -> Comparison:
+    """DDP, FSDP, TP and FSDP x TP on ``shape``'s ranks at ``size``: 2 CPU processes (4 for the 2-D mesh)
+    without two GPUs; on GPUs 4 of them for every mode where there are 4 (TP over 4 splits ViT-S's 8 heads
+    and 196 tokens evenly), else 2, and no 2-D mesh, which needs 4."""
+    options = {**COMPARISON[size.name], "size": size.name, "device": shape.device, "log_every": 1,
+               "workers": size.workers if shape.on_gpus else 0, "augment": False, "progress": False}
+    if not shape.on_gpus:
+        return Comparison({"ddp": 2, "fsdp": 2, "tp": 2, "fsdp-tp": 4}, options,
+                          "CPU processes: memory by kind and communication volume as on GPUs, not GPU speed")
+    ranks = 4 if shape.ranks >= 4 else 2
+    runs = {"ddp": ranks, "fsdp": ranks, "tp": ranks} | ({"fsdp-tp": 4} if ranks == 4 else {})
+    return Comparison(runs, options, "" if ranks == 4 else "FSDP x TP needs 4 GPUs (2 groups of 2): ask for 4")
 
 
 def compare_modes(runs: dict[str, int], out: Path, **options: Any) -> pd.DataFrame:
@@ -146,7 +164,7 @@ def compare_modes(runs: dict[str, int], out: Path, **options: Any) -> pd.DataFra
         folder = Path(out) / mode
         result = launch(ranks, "course_utils.train", *to_flags(distributed=mode, out=str(folder),
                                                                trace=str(folder / "trace"), **per_rank),
-                        log_dir=Path(out) / f"{mode}-logs", echo=False, timeout_seconds=300)
+                        log_dir=Path(out) / f"{mode}-logs", echo=False, timeout_seconds=600)
         if not result.ok:
             raise RuntimeError(f"--distributed {mode} on {ranks} ranks failed:\n" + "\n".join(result.lines[-20:]))
         summary = result.summary
@@ -198,9 +216,9 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return series.quantile(0.25), series.median(), series.quantile(0.75)
 
 
-def modes_answer(table: pd.DataFrame, steps: dict[str, list[float]]) -> str:
+def modes_answer(table: pd.DataFrame, steps: dict[str, list[float]], on_gpus: bool) -> str:
     """Which parallelism for which limit, from the measured memory by kind (counted bytes: exact) and step times
-    (compared only where their quartiles do not overlap)."""
+    (compared only where their quartiles do not overlap; ``on_gpus``: the ranks were GPUs, not CPU processes)."""
     by_mode = table.set_index("mode")
     state = by_mode[["parameters MiB", "gradients MiB", "optimizer_state MiB"]].sum(axis=1)
     activations = by_mode["activations MiB"]
@@ -232,7 +250,8 @@ def modes_answer(table: pd.DataFrame, steps: dict[str, list[float]]) -> str:
     speed = f"- **Speed**: the fastest median step was {fastest}'s ({quartiles[fastest][1]:.3f} s)"
     speed += f"; measurably slower (quartiles apart): {', '.join(slower)}" if slower else ""
     speed += f"; no measurable difference from {', '.join(alike)}" if alike else ""
-    lines.append(speed + " (CPU processes on a shared machine: not GPU speed).")
+    where = "one GPU per rank" if on_gpus else "CPU processes on a shared machine: not GPU speed"
+    lines.append(f"{speed} ({where}).")
     return "\n".join(lines)
 
 

@@ -16,12 +16,17 @@ the device's event). Cut by the host's windows instead, a step's all-reduce land
 last step's kernels in none. HolisticTraceAnalysis reads the same overlap from GPU traces
 (``get_comm_comp_overlap``); the tests check the two agree on real traces.
 
+How many bytes the collectives moved in each step (notebook 11) is read from the profiler's records of their
+calls: PyTorch's ``record_param_comms`` operator with its element count and type, where the trace has it
+(NCCL/RCCL runs of recent versions), else the ``gloo:``/``nccl:`` ranges with their input tensor's shape.
+
 DataParallel moves data differently, from one process in every step: :func:`dataparallel_phases` reads its
 named phases (:class:`course_utils.parallel.wrappers.NamedDataParallel`) and the copies between GPUs.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Iterable
 from pathlib import Path
@@ -111,6 +116,39 @@ def device_work_by_step(events: list[dict], steps: list[dict]) -> list[list[dict
             if index is not None:
                 found[index].append(event)
     return found
+
+
+# Bytes per element of the type names that the collectives' records carry: record_param_comms's ``dtype``
+# (c10's ScalarType names) and the ranges' ``Input type`` (C++ type names).
+ELEMENT_BYTES = {"Float": 4, "Double": 8, "BFloat16": 2, "Half": 2, "Long": 8, "Int": 4, "Short": 2, "Byte": 1,
+                 "Char": 1, "Bool": 1, "float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2,
+                 "long int": 8, "int": 4, "short int": 2, "unsigned char": 1, "signed char": 1, "bool": 1}
+NOT_MOVING_DATA = ("wait", "barrier", "init", "")  # record_param_comms also records these
+
+
+def _call_bytes(events: list[dict]) -> list[tuple[float, int]]:
+    """(start, bytes) of every collective call the host recorded."""
+    counted = [(e["ts"], e["args"]["In msg nelems"] * ELEMENT_BYTES.get(str(e["args"].get("dtype")), 4))
+               for e in events if e["name"] == "record_param_comms" and "In msg nelems" in e.get("args", {})
+               and e["args"].get("Collective name", "") not in NOT_MOVING_DATA]
+    if counted:
+        return counted
+    ranges = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith(("gloo:", "nccl:"))
+              and e.get("args", {}).get("Input Dims")]
+    return [(e["ts"], math.prod(e["args"]["Input Dims"][0]) * ELEMENT_BYTES.get(e["args"]["Input type"][0], 4))
+            for e in ranges]
+
+
+def collective_bytes(trace_file: Path) -> list[int]:
+    """Bytes handed to the collectives in each traced step of the run (rank 0's trace): every call's input
+    tensor, its elements times its element's size."""
+    events = trace_events(trace_file)
+    calls = _call_bytes(events)
+    totals = []
+    for step in host_steps(events):
+        start, end = step["ts"], step["ts"] + step["dur"]
+        totals.append(sum(size for ts, size in calls if start <= ts < end))
+    return totals
 
 
 def _merged(events: Iterable[dict]) -> list[tuple[float, float]]:
