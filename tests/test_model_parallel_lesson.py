@@ -10,6 +10,8 @@ import pytest
 
 from course_utils import config
 from course_utils.lessons import data_parallel, model_parallel
+from course_utils.parallel import tensor_parallel
+from course_utils.training import models
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "11_tensor_and_pipeline_parallel.ipynb"
 
@@ -101,6 +103,9 @@ def test_the_comparison_takes_the_machines_ranks_and_the_sizes_model(gpus, runs)
                                                                    ("vit_tiny", 32))
     assert plan.options["device"] == ("auto" if gpus >= 2 else "cpu")
     assert ("FSDP x TP needs 4 GPUs" in plan.missing) == (gpus == 2)
+    model = models.build(plan.options["model"], image_size=plan.options["image_size"])
     for mode, ranks in plan.runs.items():  # every mode splits the same global batch over whole data groups
         groups = ranks // 2 if mode == "fsdp-tp" else 1 if mode == "tp" else ranks
         assert plan.options["batch_size"] % groups == 0
+        if mode in ("tp", "fsdp-tp"):  # and the layers split evenly over the tensor-parallel ranks
+            assert tensor_parallel.misfits(model, tensor_parallel.degree(mode, None, ranks)) == []
