@@ -214,14 +214,16 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
         # detector, whose every new image size would be searched again.
         torch.backends.cudnn.benchmark = not cfg.detection
     tp = tensor_parallel.degree(cfg.distributed, cfg.tp_size, where.world_size)
+    if tp > 1:  # refused before any data is read: the sizes alone say it (a model on "meta" holds no numbers)
+        with torch.device("meta"):
+            wrong = tensor_parallel.misfits(models.build(cfg.model, image_size=cfg.image_size), tp)
+        if wrong:
+            raise ValueError("; ".join(wrong))
     loaders = _loaders(cfg, where, device, tp)
     # A detector's head: the categories of both splits, which its data sets share (COCO numbers them with gaps).
     classes = (coco.ground_truth(loaders.test).categories.num_classes if cfg.detection
                else class_count(cfg.data, cfg.data_dir))
     model = models.build(cfg.model, num_classes=classes, image_size=cfg.image_size).to(device)
-    wrong = tensor_parallel.misfits(model, tp) if tp > 1 else []
-    if wrong:
-        raise ValueError("; ".join(wrong))
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     recomputed = checkpoint_blocks(models.blocks(model)) if cfg.activation_checkpointing else []
