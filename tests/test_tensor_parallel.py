@@ -1,6 +1,6 @@
 """Tensor parallelism for real: a vision transformer split over two (and 2 x 2) gloo ranks on the CPU under
-torchrun, trained to the same losses as one process at the same global batch; its sharded checkpoint resumed
-on another layout; the combinations that cannot work refused by name."""
+torchrun, trained to the same losses as one process at the same global batch (and so do DDP and FSDP); its
+sharded checkpoint resumed on another layout; the combinations that cannot work refused by name."""
 
 import pytest
 
@@ -105,3 +105,11 @@ def test_the_trace_counts_every_gradient_once_a_step_under_ddp(tiny_root, tmp_pa
     per_step = communication.collective_bytes(tmp_path / "trace" / TRACE_FILE)
     gradients = 4 * result.summary["parameters"]
     assert per_step and all(0 <= step - gradients < 1024 for step in per_step), (per_step, gradients)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_the_data_parallel_modes_train_the_vision_transformer_like_one_process(mode, single, tiny_root, tmp_path):
+    """Notebook 11's comparison at the same global batch: the losses every mode reaches are the one process's."""
+    out = tmp_path / mode
+    _ranks(2, tiny_root, out, distributed=mode, batch_size=GLOBAL_BATCH // 2)
+    assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
