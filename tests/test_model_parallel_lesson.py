@@ -87,7 +87,10 @@ def test_the_modes_answer_calls_overlapping_step_times_no_difference():
     assert "per image of the rank's batch: ddp 1.25 MiB, fsdp 1.25 MiB, tp 0.31 MiB" in answer
     assert "measurably slower (quartiles apart): tp" in answer and "no measurable difference from fsdp" in answer
     assert answer.endswith("(CPU processes on a shared machine: not GPU speed).")
-    assert model_parallel.modes_answer(table, steps, on_gpus=True).endswith("(one GPU per rank).")
+    assert "**Peak**" not in answer  # CPU processes: no allocator high-water mark to read
+    on_gpus = model_parallel.modes_answer(table.assign(**{"peak MiB": [30.0, 20.0, 25.0]}), steps, on_gpus=True)
+    assert "**Peak** per rank" in on_gpus and "ddp 30.00 MiB, fsdp 20.00 MiB, tp 25.00 MiB; least under fsdp" in on_gpus
+    assert on_gpus.endswith("(one GPU per rank).")
 
 
 @pytest.mark.parametrize("gpus, runs", [(0, {"ddp": 2, "fsdp": 2, "tp": 2, "fsdp-tp": 4}),

@@ -11,6 +11,7 @@ Where the ranks run is :func:`course_utils.lessons.data_parallel.parallel_shape`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,6 +174,8 @@ def compare_modes(runs: dict[str, int], out: Path, **options: Any) -> pd.DataFra
                      "global batch": summary["global_batch_size"],
                      **{f"{kind} MiB": (memory[kind] or 0) / 2**20 for kind in
                         ("parameters", "gradients", "optimizer_state", "activations")},
+                     # the GPU allocator's high-water mark of a step; CPU processes keep no such count
+                     "peak MiB": memory["peak_allocated"] / 2**20 if memory.get("peak_allocated") else math.nan,
                      "collectives MiB/step": pd.Series(collective_bytes(folder / "trace" / TRACE_FILE)).median()
                      / 2**20,
                      "images/s": summary["images_per_second"],
@@ -237,6 +240,11 @@ def modes_answer(table: pd.DataFrame, steps: dict[str, list[float]], on_gpus: bo
              "parallelism, 1/N of the tokens between the layers. When the activations of the smallest batch that "
              "keeps a GPU busy do not fit, or the global batch is too small to give every GPU its own images, "
              "tensor parallelism is the tool."]
+    peaks = by_mode["peak MiB"].dropna() if "peak MiB" in by_mode else pd.Series(dtype=float)
+    if len(peaks):
+        lines.append(f"- **Peak** per rank (the allocator's high-water mark in a step: state, activations and "
+                     f"the gathered or communicated buffers together): {listed(peaks)}; least under "
+                     f"{peaks.idxmin()}. This is what must fit in the GPU's memory.")
     if "collectives MiB/step" in by_mode:
         talk = by_mode["collectives MiB/step"]
         lines.append(f"- **Communication** per step (rank 0, from its trace): {listed(talk)}; most under "
