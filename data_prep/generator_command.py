@@ -32,9 +32,11 @@ def run(description: str, generate: Callable[[Path, int, int, int], Path], what:
                                 f"images) to {folder}", args.root)
 
 
-def write(parser: argparse.ArgumentParser, make: Callable[[], Path], said: Callable[[Path], str], root: Path) -> int:
-    """Run ``make`` (a generator and its arguments) under :mod:`data_prep.guard` for ``root``; a value it
-    refuses is a usage error of ``parser``; print ``said`` of the folder written. Returns the exit status."""
+def write(parser: argparse.ArgumentParser, make: Callable[[], Path], said: Callable[[Path], str], root: Path,
+          root_option: str = "--root") -> int:
+    """Run ``make`` (a generator and its arguments) under :mod:`data_prep.guard` for ``root``, the folder
+    ``root_option`` chose; a value it refuses is a usage error of ``parser``; print ``said`` of the folder
+    written. Returns the exit status."""
     def work() -> int:
         try:
             folder = make()
@@ -43,4 +45,4 @@ def write(parser: argparse.ArgumentParser, make: Callable[[], Path], said: Calla
         print(said(folder))
         return 0
 
-    return guard.run(work, root)
+    return guard.run(work, root, chosen_by=root_option)

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         parser, lambda: generate(args.archives, args.classes, args.train_per_class, args.val_per_class, args.seed),
         lambda folder: f"wrote a tiny ImageNet's archives and their {MD5SUMS} to {folder}; extract them with: "
                        f"python -m data_prep.imagenet --archives {folder} --root DIR --md5sums {folder / MD5SUMS}",
-        args.archives)
+        args.archives, "--archives")
 
 
 if __name__ == "__main__":

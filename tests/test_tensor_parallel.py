@@ -91,6 +91,8 @@ def test_what_tensor_parallelism_cannot_split_is_refused_by_name(tiny_root, tmp_
         train(**_vit_run(tiny_root, str(tmp_path / "alone"), distributed="tp"))
     with pytest.raises(ValueError, match="--tp-size splits each layer over ranks; --distributed is ddp"):
         train(**_vit_run(tiny_root, str(tmp_path / "ddp"), distributed="ddp", tp_size=2))
+    split_in_two = _ranks(4, tmp_path / "no-data", tmp_path / "four", expect_ok=False, distributed="tp", tp_size=2)
+    assert "--distributed tp splits each layer over all 4 ranks, not --tp-size 2" in "\n".join(split_in_two.lines)
     # Refused from the sizes alone, before any data is read: here there is none to read.
     refused = _ranks(3, tmp_path / "no-data", tmp_path / "three", expect_ok=False, distributed="tp")
     assert "3 tensor-parallel ranks cannot split 4 attention heads evenly" in "\n".join(refused.lines)

@@ -1,5 +1,6 @@
-"""The course size (`ci` or `workshop`) and every number that depends on it (every notebook, 00-08,
-and every run).
+"""The course size (`ci` or `workshop`) and the numbers of a training run that depend on it (every notebook
+and every run). A lesson's own measurement sizes (steps timed, models swept) sit beside the lesson that
+explains them, in a table keyed by the size's name.
 
 One switch, the environment variable ``COURSE_SIZE``, decides whether a notebook trains a small
 CNN for a few seconds on tiny generated data (``ci``: CI, laptops) or a ResNet on the real

@@ -46,7 +46,7 @@ def support_note(version: str) -> str:
         return f"inside the range: {tested}, pinned {PINNED['torch']}"
     side = "older than" if release(version) < release(OLDEST["torch"]) else "newer than"
     return (f"OUTSIDE the range: {side} the tested {supported_range()}; lessons may fail or differ. Use the pin "
-            f"(make setup), or a newer container with PyTorch {supported_range()} (README, 'On LUMI')")
+            f"(make setup), or a container with PyTorch {supported_range()} (README, 'On LUMI')")
 
 
 def requirements(which: dict[str, str]) -> list[str]:

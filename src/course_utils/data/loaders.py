@@ -50,6 +50,8 @@ def leave_stop_signals_to_the_trainer(worker_id: int) -> None:
     worker is killed by signal"), so the workers leave them to the trainer. A SIGTERM from the trainer itself
     (the loader ending its workers) still ends a worker at once, as PyTorch's own handler does."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not hasattr(signal, "sigwaitinfo"):  # macOS, Windows: who sent a SIGTERM cannot be read, PyTorch's rule stays
+        return
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     # Blocked here, before the worker starts any thread, so that every thread inherits the block and SIGTERM
     # waits for the one thread below, which reads who sent it.

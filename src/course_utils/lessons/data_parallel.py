@@ -1,5 +1,5 @@
-"""Notebooks 06, 07, 08, 09 and 10: what the parallel lessons share: where their ranks run, how they start,
-how many steps they measure and how much those steps vary, and one device against DataParallel and DDP.
+"""Notebooks 06, 07, 08, 09, 10 and 11: what the parallel lessons share: where their ranks run, how they
+start, how many steps they measure and how much those steps vary, and one device against DataParallel and DDP.
 
 A verdict that compares two short runs reads their difference against the spread of their iterations,
 measured in the same notebook; inside it is no measurable difference, and a figure that cannot be true

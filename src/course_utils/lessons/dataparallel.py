@@ -88,7 +88,7 @@ def dataparallel_answer(modes: pd.DataFrame, gpus: int) -> str:
 
 
 def dataparallel_phases_answer(phases: pd.DataFrame | None, gpus: int) -> str:
-    """Markdown: where a DataParallel step goes, from :func:`data_parallel.dataparallel_profile`'s table, or what
+    """Markdown: where a DataParallel step goes, from :func:`dataparallel_profile`'s table, or what
     that profile would show where there are fewer than two GPUs."""
     if phases is None:
         return (f"- With **{gpus} GPU(s)** here DataParallel calls the model directly: there is no scatter, "

@@ -14,6 +14,7 @@ import math
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -256,16 +257,24 @@ def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals 
     folder = RunFolder(out).checkpoints
     flags = to_flags(**{**SCRATCH, **options}, out=out)
     started = time.time()
-    process = subprocess.Popen([sys.executable, "-m", "course_utils.train", *flags], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    while process.poll() is None:
-        saved = [int(path.stem.split("-")[1]) for path in folder.glob("step-*.pt")
-                 if path.stat().st_mtime >= started]  # not the checkpoints of an earlier run, being removed
-        if saved and max(saved) >= stop_after_step:
-            process.send_signal(stop)
-            break
-        time.sleep(0.05)
-    output = process.communicate(timeout=600)[0]
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a pipe nobody reads stalls a chatty run
+        process = subprocess.Popen([sys.executable, "-m", "course_utils.train", *flags], stdout=log,
+                                   stderr=subprocess.STDOUT, text=True)
+        try:
+            while process.poll() is None:
+                saved = [int(path.stem.split("-")[1]) for path in folder.glob("step-*.pt")
+                         if path.stat().st_mtime >= started]  # not the checkpoints of an earlier run, being removed
+                if saved and max(saved) >= stop_after_step:
+                    process.send_signal(stop)
+                    break
+                time.sleep(0.05)
+            process.wait(timeout=600)
+        finally:
+            if process.poll() is None:  # it did not end in time, or the wait was interrupted: end it here
+                process.kill()
+                process.wait()
+        log.seek(0)
+        output = log.read()
     marker = RunFolder(out).preempted
     return {"exit_code": process.returncode, "signal": stop.name,
             "marker": marker.read_text().strip() if marker.exists() else None,

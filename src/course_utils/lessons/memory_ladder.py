@@ -173,7 +173,8 @@ def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:
     ddp_state, fsdp_state = ddp[state].sum(), fsdp[state].sum()
     recompute_change = recomputed["images_per_second"] / fsdp["images_per_second"] - 1
     fsdp_change = fsdp["images_per_second"] / ddp["images_per_second"] - 1
-    noise = " (faster here: short runs vary by several percent, and this difference is within that)"
+    # More compute cannot make a step faster: a faster recomputing run is a disturbed measurement, not a finding
+    noise = " (faster here, which more compute cannot be: another process slowed one of the runs; not a finding)"
     lines = [
         f"- Where the ranks ran: {where}.",
         f"- DDP keeps the whole model's state on every rank: **{ddp_state:.1f} MiB** of parameters, gradients and "

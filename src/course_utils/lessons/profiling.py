@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -101,12 +102,13 @@ def phase_answer(phases: pd.DataFrame, device_type: str) -> str:
     return "\n".join(lines)
 
 
-def holistic_trace_analysis(trace_dir, device_type: str) -> str:
+def holistic_trace_analysis(trace_dir: str | Path, device_type: str) -> str:
     """HTA's temporal breakdown of a GPU trace, or why it was not run."""
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError:
-        return "HolisticTraceAnalysis is not installed: pip install HolisticTraceAnalysis"
+        return ("HolisticTraceAnalysis is not installed: pip install HolisticTraceAnalysis==0.5.0 (in the course's "
+                "test extra: pip install -e '.[test]')")
     if device_type != "cuda":
         return "This trace has no GPU kernels (it was recorded on the CPU): HTA has nothing to analyse."
     try:

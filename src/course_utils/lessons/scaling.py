@@ -251,10 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def check_bus_bandwidth(bus_bandwidth: Callable[[float, float, int], float], measured: pd.DataFrame,
                         ranks: tuple[int, ...] = (2, 4, 8)) -> str:
     """The check of notebook 08's exercise: does the learner's ``bus_bandwidth(bytes, seconds, ranks)`` give
@@ -271,3 +267,7 @@ def check_bus_bandwidth(bus_bandwidth: Callable[[float, float, int], float], mea
     size, count, expected = wrong[0]
     return (f"Not yet: for {size} bytes on {count} ranks the bus bandwidth is {expected:.3f} GB/s; your function gives "
             "another figure. Each link of a ring carries 2(n-1)/n of the message.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -111,7 +111,8 @@ def device_work_by_step(events: list[dict], steps: list[dict]) -> list[list[dict
     for event in events:
         if event.get("cat") in DEVICE_CATEGORIES:
             correlation = _correlation(event)
-            # A launch missing from a trace that holds launches came before the record began: no recorded step's
+            # A launch missing from a trace that holds launches came before the record began: the work belongs
+            # to no recorded step
             index = step_at(event["ts"]) if correlation is None or not launched else launched.get(correlation)
             if index is not None:
                 found[index].append(event)

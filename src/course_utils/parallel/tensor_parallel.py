@@ -101,5 +101,6 @@ def misfits(model: nn.Module, tp_size: int) -> list[str]:
     shape = model.shape
     sizes = {"attention heads": shape.heads, "tokens (image patches)": model.tokens,
              "MLP hidden units": shape.dim * shape.mlp_ratio}
-    return [f"{tp_size} tensor-parallel ranks cannot split {count} {what} evenly: use --tp-size that divides it"
+    return [f"{tp_size} tensor-parallel ranks cannot split {count} {what} evenly: use a number of ranks (with "
+            f"--distributed tp) or a --tp-size (with fsdp-tp) that divides it"
             for what, count in sizes.items() if count % tp_size]

@@ -127,7 +127,7 @@ def check_same_training(saved: dict[str, Any], current: dict[str, Any], world_si
 
 
 def check_same_layout(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
-    """Refuse a whole-model checkpoint in an FSDP run, and a sharded one in any other."""
+    """Refuse a whole-model checkpoint in a sharded run (FSDP, tensor parallel), and a sharded one in any other."""
     sharded, wanted = Path(path).is_dir(), current["distributed"] in SHARDED_MODES
     if sharded == wanted:
         return

@@ -106,9 +106,15 @@ def _check_tensor_parallel(cfg: TrainOptions, world_size: int) -> None:
     rows = 2 if cfg.distributed == "fsdp-tp" else 1
     if tp < 2 or world_size % tp or world_size // tp < rows:
         need = f"{rows} x {max(tp, 2)} = {rows * max(tp, 2)} ranks" if rows > 1 else "2 or more ranks"
-        raise ValueError(f"--distributed {cfg.distributed} with {world_size} rank(s) and --tp-size {cfg.tp_size}: "
-                         f"it needs {need}, a whole number of groups of --tp-size; start it with torchrun "
-                         "--nproc-per-node N to fit, or use --distributed none")
+        layout = f" and --tp-size {cfg.tp_size}" if cfg.tp_size else ""
+        raise ValueError(f"--distributed {cfg.distributed} with {world_size} rank(s){layout}: it needs {need}, a "
+                         "whole number of groups of --tp-size; start it with torchrun --nproc-per-node N to fit, "
+                         "or use --distributed none")
+    if cfg.distributed == "tp" and cfg.tp_size not in (None, world_size):
+        # tp has no data dimension: smaller groups would each train a model of their own, never averaged
+        raise ValueError(f"--distributed tp splits each layer over all {world_size} ranks, not --tp-size "
+                         f"{cfg.tp_size}: drop --tp-size, or use --distributed fsdp-tp --tp-size {cfg.tp_size} "
+                         "(FSDP over the groups)")
     if cfg.activation_checkpointing or cfg.compile:
         raise ValueError(f"--distributed {cfg.distributed} is tested without --activation-checkpointing and "
                          "--compile in this course; drop them, or use --distributed fsdp")
