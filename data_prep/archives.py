@@ -145,4 +145,4 @@ def run_command(verify_only: bool, verify: Callable[[], list[str]], prepare: Cal
         print(f"{name} ready in {folder}")
         return 0
 
-    return guard.run(work, root, writes=not verify_only)
+    return guard.run(work, root)

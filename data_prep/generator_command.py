@@ -45,4 +45,4 @@ def write(parser: argparse.ArgumentParser, make: Callable[[], Path], said: Calla
         print(said(folder))
         return 0
 
-    return guard.run(work, root, chosen_by=root_option)
+    return guard.run(work, root, chosen_by=root_option, probe_first=True)

@@ -2,7 +2,8 @@
 
 SIGTERM (Slurm's ``scancel`` and time limit) runs the same clean-up as Ctrl-C, so a stopped extraction
 leaves no staging folder behind; a full disk, a read-only file system, a folder without write permission
-or a file where a folder belongs is one line that names the fix, not a traceback. What was finished
+or a file where a folder belongs is one line that names the fix, not a traceback, met at the first write
+(before any download or extraction). What was finished
 before stays, and running the same command again continues from it.
 """
 
@@ -89,17 +90,18 @@ def _stop(signum: int, frame: object) -> None:
 _guarding = False  # a command that runs another (data_prep's course-wide one) speaks for both
 
 
-def run(work: Callable[[], int], root: Path, writes: bool = True, chosen_by: str = "--root") -> int:
+def run(work: Callable[[], int], root: Path, chosen_by: str = "--root", probe_first: bool = False) -> int:
     """Run ``work`` (a command's body, returning its exit status) with SIGTERM handled as Ctrl-C and the file
     system's refusals in ``root`` (chosen by ``chosen_by``) turned into one line; a stop returns 128 + the
-    signal's number. ``writes``: ``root`` must take files (not so for a check of a finished tree, which may
-    be read-only)."""
+    signal's number. ``probe_first``: write a file in ``root`` before ``work``, for a command that computes a
+    while before its first write; otherwise that first write is the check, so that a finished tree on a
+    read-only file system (a class's shared copy) is verified and left as it is."""
     global _guarding
     if _guarding:
         return work()
     previous, _guarding = signal.signal(signal.SIGTERM, _stop), True
     try:
-        if writes:
+        if probe_first:
             check_writable(root)
         return work()
     except KeyboardInterrupt as stop:

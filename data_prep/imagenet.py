@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
               f"train on it with --data imagefolder --data-dir {args.root}")
         return 0
 
-    return guard.run(work, args.root, writes=not args.verify)
+    return guard.run(work, args.root)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,18 @@ def test_a_read_only_data_root_is_refused_in_one_line_and_a_finished_tree_still_
     assert cifar100.main(["--root", str(disk / "tiny"), "--verify"]) == 0
 
 
+def test_a_prepared_data_set_on_a_read_only_file_system_is_verified_and_left_as_it_is(monkeypatch, small_disk,
+                                                                                       capsys):
+    """A class's shared copy of the data, mounted read-only: the course's own data_prep finds it whole."""
+    disk = small_disk(64 << 20)
+    monkeypatch.setenv("COURSE_DATA_DIR", str(disk))
+    assert prepare_course_data(["--size", "ci"]) == 0
+    small_disk(64 << 20, read_only=True)
+    capsys.readouterr()
+    assert prepare_course_data(["--size", "ci"]) == 0
+    assert capsys.readouterr().out.count("verified, nothing to do") == 2
+
+
 @pytest.mark.slow
 def test_a_full_disk_during_imagenet_extraction_says_so_and_the_rerun_continues(tmp_path, small_disk, capsys):
     made = generated_imagenet.generate(tmp_path / "archives", classes=4, train_per_class=40, val_per_class=5)
