@@ -279,7 +279,7 @@ def utilization_vs_power(sweep: pd.DataFrame) -> str:
                  "units it keeps busy, so both settings read as busy. Power is the evidence of how much of the chip "
                  "works: read it against the levels known for the device, not against 100 %. The measure of the "
                  "work itself is the throughput and the MFU beside it.")
-    if "MI250X" in str(high.get("device", "")) or high["power_limit_watts"] == 560:
+    if high["power_limit_watts"] == 560:  # an MI250X module's limit (the sweep's rows do not name the device)
         lines.append(f"- {MI250X_LEVELS} Another job on the module's other GCD counts in the reading too.")
     return "\n".join(lines)
 

@@ -32,6 +32,7 @@ def measurable(ratio: float, spread: float) -> bool:
 
 
 def spread_text(spread: float) -> str:
+    """A spread as the answers print it; NaN (one measurement has no spread) says so instead of "nan%"."""
     return "unknown (one measurement)" if math.isnan(spread) else f"{spread:.0%}"
 
 

@@ -48,6 +48,8 @@ def course_rates(model: str, batch_size: int, amp: str, steps: int, rounds: int 
 
 @dataclass(frozen=True)
 class Stage:
+    """One step of the progression: its name in the tables, and the training options it adds to fp32's."""
+
     label: str
     options: dict
 

@@ -30,6 +30,7 @@ class ViTShape:
 
     @property
     def head_dim(self) -> int:
+        """Numbers per token in one head: the heads split ``dim`` between them."""
         return self.dim // self.heads
 
 
