@@ -3,8 +3,8 @@
 SIGTERM (Slurm's ``scancel`` and time limit) runs the same clean-up as Ctrl-C, so a stopped extraction
 leaves no staging folder behind; a full disk, a read-only file system, a folder without write permission
 or a file where a folder belongs is one line that names the fix, not a traceback, met at the first write
-(before any download or extraction). What was finished
-before stays, and running the same command again continues from it.
+(before any download or extraction). What was finished before stays, and running the same command again
+continues from it.
 """
 
 from __future__ import annotations
