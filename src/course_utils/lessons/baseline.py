@@ -7,9 +7,10 @@ holds what reads its measurements and the course's run.
 
 from __future__ import annotations
 
-import copy
+import functools
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
 import torch
@@ -107,6 +108,16 @@ def work_and_peak(summary: dict) -> str:
 
 
 Step = Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], torch.Tensor]
+PLACEMENTS = ("clears", "accumulates", "empties")  # before backward (as `step`), nowhere, between backward and step
+CHECK_STEPS = 40  # long enough for gradients that add up to show what they do: first faster, then off course
+EARLY_STEPS = 10
+BEHAVIOURS = {
+    "clears": "clears the gradients every step, as `step` does: each update follows this batch's gradient",
+    "accumulates": "never clears the gradients: every step adds this batch's gradient to all the earlier ones, "
+                   "so the updates grow with every step (as if the learning rate kept rising)",
+    "empties": "clears the gradients after backward, before the update: the optimizer finds no gradients and "
+               "the weights never change",
+}
 
 
 def _reference_step(order: str) -> Step:
@@ -127,21 +138,45 @@ def _reference_step(order: str) -> Step:
     return step
 
 
-BEHAVIOURS = {
-    "clears": "clears the gradients every step, as `step` does: each update follows this batch's gradient",
-    "accumulates": "never clears the gradients: every step adds this batch's gradient to all the earlier ones, "
-                   "so the update grows with every step (as if the learning rate kept rising)",
-    "empties": "clears the gradients after backward, before the update: the optimizer finds no gradients and "
-               "the weights never change",
-}
+@dataclass
+class _Trained:
+    """What a step did over a short training run: the weights it left, its losses, and what the check saw
+    happen inside it (backward passes, updates, the gradients each update found, gradients left behind)."""
+
+    model: nn.Module
+    losses: list[float | None] = field(default_factory=list)
+    backwards: int = 0
+    updates: int = 0
+    updates_without_gradients: int = 0
+    cleared_after_update: int = 0
 
 
-def _train(step: Step, steps: int) -> tuple[nn.Module, list[float]]:
+def _train(step: Step, steps: int = CHECK_STEPS) -> _Trained:
     model = tiny_cnn(classes=10)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    trained = _Trained(model)
+    first = next(model.parameters())
+
+    def counted_backward(_: torch.Tensor) -> None:
+        trained.backwards += 1
+
+    def counted_update(*_: object) -> None:
+        trained.updates += 1
+        trained.updates_without_gradients += all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+    first.register_post_accumulate_grad_hook(counted_backward)
+    optimizer.register_step_pre_hook(counted_update)
     batches = fixed_batches(4, classes=10)
-    losses = [float(step(model, optimizer, *batches[i % len(batches)]).detach()) for i in range(steps)]
-    return model, losses
+    for i in range(steps):
+        loss = step(model, optimizer, *batches[i % len(batches)])
+        trained.losses.append(_loss(loss))
+        trained.cleared_after_update += first.grad is None or not first.grad.any()
+    return trained
+
+
+@functools.cache
+def _references(steps: int) -> dict[str, _Trained]:
+    return {order: _train(_reference_step(order), steps) for order in PLACEMENTS}
 
 
 def _same(a: nn.Module, b: nn.Module) -> bool:
@@ -149,21 +184,56 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
                                                                           b.state_dict().values()))
 
 
-def check_zero_grad(step: Step, steps: int = 10) -> Check:
-    """Train a tiny CNN on four fixed batches with ``step`` and with the three reference placements of
-    ``zero_grad``; say which one ``step`` behaves like, and what its loss did against the right one's."""
-    mine, losses = _train(copy.deepcopy(step), steps)
-    matched = next((order for order in BEHAVIOURS if _same(mine, _train(_reference_step(order), steps)[0])), None)
-    right = _train(_reference_step("clears"), steps)[1]
-    trace = (f"the loss went from {losses[0]:.2f} to **{losses[-1]:.2f}** in {steps} steps, against "
-             f"{right[0]:.2f} to **{right[-1]:.2f}** with the gradients cleared")
+def _loss(value: object) -> float | None:
+    return None if value is None else float(value.detach() if isinstance(value, torch.Tensor) else value)
+
+
+def _losses(mine: _Trained, right: _Trained) -> str:
+    """A sentence: the losses at step 1, after the first steps and at the end, the learner's beside the right
+    step's, with what their comparison shows."""
+    early, last = EARLY_STEPS - 1, len(right.losses) - 1
+    if None in mine.losses:
+        return "Your step returns no loss: return it, as `step` does."
+    said = (f"Your loss went from {mine.losses[0]:.2f} to **{mine.losses[early]:.2f}** after {early + 1} steps "
+            f"and **{mine.losses[last]:.2f}** after {last + 1}; with the gradients cleared: "
+            f"{right.losses[early]:.2f} and {right.losses[last]:.2f}")
+    climbed = mine.losses[last] > mine.losses[0]
+    if climbed and mine.losses[early] < right.losses[early]:
+        return f"{said}: it fell faster at first, then climbed above where it started."
+    return f"{said}: it climbed above where it started." if climbed else f"{said}."
+
+
+def check_zero_grad(step: Step, steps: int = CHECK_STEPS) -> Check:
+    """Train a tiny CNN on four fixed batches with ``step`` and with the three placements of ``zero_grad``;
+    the learner's weights must equal one placement's exactly, and only the two moved placements are done.
+    What the check sees inside the step (backward passes, updates, the gradients each update finds) names a
+    wrong edit: no update at all, zero_grad moved after the update, or another change besides zero_grad."""
+    mine, references = _train(step, steps), _references(steps)
+    losses = _losses(mine, references["clears"])
+    only_zero_grad = "Start again from the cell's code and move only the `zero_grad` line."
+    if mine.updates == 0:
+        return Check(False, "nothing was updated: your step never calls `optimizer.step()`, so the weights stayed "
+                            f"where they started. Put `optimizer.step()` back and move only the `zero_grad` line. "
+                            f"{losses}")
+    if mine.backwards == 0:
+        return Check(False, "nothing was updated: your step never calls `loss.backward()`, so the optimizer found "
+                            f"no gradients. Put `loss.backward()` back and move only the `zero_grad` line. {losses}")
+    matched = next((order for order in PLACEMENTS if _same(mine.model, references[order].model)), None)
+    if matched == "clears" and mine.cleared_after_update == steps:
+        return Check(False, "your step clears the gradients after `optimizer.step()`: the next backward still "
+                            "starts from zero, so it trains exactly as `step` does. Leave `zero_grad` out, or put "
+                            f"it between `backward()` and `step()`. {losses}")
     if matched == "clears":
-        return Check(False, f"your step {BEHAVIOURS['clears']} ({trace}). Move the `zero_grad` line and run "
-                            "the cells again.")
+        return Check(False, f"your step {BEHAVIOURS['clears']}. Move the `zero_grad` line and run the cells again. "
+                            f"{losses}")
     if matched is None:
-        return Check(True, f"your step trains differently from every placement of `zero_grad` the check knows; "
-                           f"{trace}.")
-    return Check(True, f"your step {BEHAVIOURS[matched]}: {trace}.")
+        return Check(False, "your step trains differently from every placement of `zero_grad`, so something else "
+                            f"changed too: the learning rate, the loss, the order of the calls? {only_zero_grad} "
+                            f"{losses}")
+    if matched == "empties" and mine.updates_without_gradients < mine.updates:
+        return Check(False, "your weights never changed although the optimizer found gradients: something else "
+                            f"stops the update (a learning rate of 0?). {only_zero_grad} {losses}")
+    return Check(True, f"your step {BEHAVIOURS[matched]}. {losses}")
 
 
 def iteration_times(run: Run) -> Figure:

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from course_utils import config, devices
 from course_utils.data.datasets import SyntheticImages
+from course_utils.data.loaders import DelayedCollate
 from course_utils.lessons.exercises import Check
 from course_utils.lessons.noise import DISTURBED
 from course_utils.lessons.triage import BALANCE, loading_cost_us, triage
@@ -62,9 +63,15 @@ STEP_SECONDS = 0.025  # and the model it feeds takes this long per step
 
 
 def check_hidden_delay(make_loader: Callable[[Dataset, int, float], DataLoader], batches: int = 16) -> Check:
-    """Exercise: does the learner's loader, each of whose batches takes :data:`DELAY_SECONDS` to make,
+    """Exercise: does the learner's loader, each of whose batches still takes :data:`DELAY_SECONDS` to make,
     deliver a batch every :data:`STEP_SECONDS` (within the triage's balance) once its workers have started?"""
     loader = make_loader(SyntheticImages(64 * batches, 16), 16, DELAY_SECONDS)
+    collate = loader.collate_fn
+    if not isinstance(collate, DelayedCollate) or collate.delay_seconds != DELAY_SECONDS or loader.batch_size != 16:
+        return Check(False, f"your loader no longer makes batches of 16 that each take {DELAY_SECONDS * 1000:.0f} "
+                            "ms: the delay stands for slow decoding, which a real pipeline cannot drop. Keep "
+                            "`collate_fn=DelayedCollate(delay_seconds)` and `batch_size`, and hide the delay with "
+                            "workers (`num_workers`).")
     iterator = iter(loader)
     next(iterator)  # the workers' start-up, paid once per epoch, is not the steady rate
     start = time.perf_counter()
@@ -77,7 +84,9 @@ def check_hidden_delay(make_loader: Callable[[Dataset, int, float], DataLoader],
             f"{STEP_SECONDS * 1000:.0f} ms")
     if seconds <= STEP_SECONDS * (1 + BALANCE):
         return Check(True, f"{text}: the workers hide the delay, and the model would not wait.")
-    return Check(False, f"{text}: the model would wait for data. Add workers (`num_workers`) and run it again.")
+    return Check(False, f"{text}: the model would wait for data. Each worker makes one batch per "
+                        f"{DELAY_SECONDS * 1000:.0f} ms: how many make one every {STEP_SECONDS * 1000:.0f} ms? Set "
+                        "`num_workers` and run it again.")
 
 
 def _warm(setup: Setup) -> None:

@@ -3,14 +3,17 @@ DataParallel model's weights so that the plain model loads them."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
+from torch import nn
 
 from course_utils import config
 from course_utils.lessons.data_parallel import SCRATCH, combined_spread, gpu_count, measured_steps, within_spread
+from course_utils.lessons.exercises import Check
 from course_utils.observe import communication
 from course_utils.observe.profiling import TRACE_FILE
 from course_utils.train import train
@@ -19,20 +22,33 @@ from course_utils.training.models import build
 WRAPPER_PREFIX = "module."  # DataParallel (and DDP) keep the model as their attribute "module"
 
 
-def check_plain_load(path: str | Path, model: str) -> str:
-    """Does the state dict saved at ``path`` load, strictly, into a fresh ``model`` without any wrapper?"""
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+def check_plain_load(path: str | Path, model: str, trained: nn.Module) -> Check:
+    """Does the file at ``path`` hold ``trained``'s weights (the model inside the wrapper, exactly) as a state
+    dict that loads, strictly, into a fresh ``model`` without any wrapper?"""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        return Check(False, "the file holds more than tensors (a whole model object?), which a safe "
+                            "`torch.load(..., weights_only=True)` refuses. Save a state dict: `....state_dict()`.")
+    if not isinstance(saved, dict):
+        return Check(False, f"the file holds a {type(saved).__name__}, not a state dict. Save `....state_dict()`.")
     wrapped = [name for name in saved if name.startswith(WRAPPER_PREFIX)]
     try:
         build(model).load_state_dict(saved, strict=True)
     except RuntimeError as error:
         if wrapped:
-            return (f"Not yet: {len(wrapped)} of {len(saved)} names begin with {WRAPPER_PREFIX!r} "
-                    f"(e.g. {wrapped[0]!r}), the wrapper's attribute, so the plain model does not know them. "
-                    "Save the wrapped model's module instead.")
-        return f"Not yet: the plain model refuses these weights: {str(error).splitlines()[0]}"
-    return (f"Done: all {len(saved)} tensors loaded into a plain {model}: the checkpoint no longer depends on the "
-            "wrapper, so one GPU, DDP or evaluation can read it.")
+            return Check(False, f"{len(wrapped)} of {len(saved)} names begin with {WRAPPER_PREFIX!r} (e.g. "
+                                f"{wrapped[0]!r}), the wrapper's attribute, so the plain model does not know them. "
+                                "Save the wrapped model's module instead.")
+        return Check(False, f"the plain model refuses these weights: {str(error).splitlines()[0]}")
+    inner = trained.module if isinstance(trained, nn.DataParallel | nn.parallel.DistributedDataParallel) else trained
+    other = [name for name, value in inner.state_dict().items() if not torch.equal(saved[name], value.cpu())]
+    if other:
+        return Check(False, f"the names fit the plain model, but {len(other)} of {len(saved)} tensors are not the "
+                            f"weights of the model you wrapped (e.g. {other[0]!r}): save `dp_model`'s weights, not "
+                            "those of another model.")
+    return Check(True, f"all {len(saved)} tensors of the model you wrapped loaded into a plain {model}: the checkpoint "
+                       "no longer depends on the wrapper, so one GPU, DDP or evaluation can read it.")
 
 
 def dataparallel_profile(steps: int | None = None, out: str | Path | None = None, **options: Any

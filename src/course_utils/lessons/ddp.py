@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from torch.utils.data import DistributedSampler
 from tqdm.auto import tqdm
 
 from course_utils import config
@@ -38,7 +39,9 @@ from course_utils.lessons.data_parallel import (
     traced_ranks,
     within_spread,
 )
+from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.metrics import load_run
+from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training import checkpoint, models
@@ -66,16 +69,56 @@ def epoch_orders(record: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def check_set_epoch_removed(record: dict[str, Any]) -> str:
-    """The check of the ``set_epoch`` exercise: did every epoch of the run see the same order?"""
-    orders = epoch_orders(record)
-    if len(orders) < 2:
-        return "Not checked: the run had one epoch; launch it with --epochs 3 to compare epochs."
-    if orders["same_as_previous_epoch"].iloc[1:].all():
-        return (f"Done: all {len(orders)} epochs began with the same samples {orders['first_samples'].iloc[0]}. "
-                "Without set_epoch the sampler stays at epoch 0 and shuffles with the same seed every epoch.")
-    return ("Not yet: the epochs began with different samples, so the script still calls sampler.set_epoch(epoch). "
-            "Take that line out of the script, write it again and relaunch.")
+def sampler_order(samples: int, world: int, epoch: int, count: int, shuffle: bool = True) -> list[int]:
+    """The first ``count`` samples rank 0 draws at ``epoch`` from the script's sampler (seed 0, the last
+    incomplete share dropped): the exact reference the ``set_epoch`` check compares each epoch with."""
+    sampler = DistributedSampler(range(samples), num_replicas=world, rank=0, shuffle=shuffle, seed=0, drop_last=True)
+    sampler.set_epoch(epoch)
+    return list(sampler)[:count]
+
+
+def judge_set_epoch_removed(record: dict[str, Any]) -> Check:
+    """With ``set_epoch`` taken out, every epoch must begin with the order the sampler shuffles at epoch 0;
+    any other orders name what the script that ran did instead."""
+    seen = [epoch["first_samples"] for epoch in record["epochs"]]
+    if len(seen) < 2:
+        return Check(False, f"the run had {len(seen)} epoch(s), too few to compare: keep the script's loop over "
+                            "`range(args.epochs)`; the check launches it with --epochs 3.")
+    samples, world, count = record["samples"], record["world_size"], len(seen[0])
+    asked = sampler_order(samples, world, 0, count)
+    with_set_epoch = [sampler_order(samples, world, epoch, count) for epoch in range(len(seen))]
+    if seen == [asked] * len(seen):
+        return Check(True, f"all {len(seen)} epochs began with the same samples {asked}, the order the sampler "
+                           "shuffles at epoch 0: without set_epoch it stays at epoch 0 and shuffles with the same "
+                           "seed every epoch, so the model sees the batches in one fixed order.")
+    if seen == with_set_epoch:
+        return Check(False, f"each epoch began with a new order ({', '.join(map(str, [o[:3] for o in seen]))}...), "
+                            "the one the sampler shuffles for that epoch: the script that ran still calls "
+                            "`sampler.set_epoch(epoch)`. If you took it out, write the script again (run its "
+                            "`%%writefile` cell) before this cell.")
+    if all(order == seen[0] for order in seen) and seen[0] == sampler_order(samples, world, 0, count, shuffle=False):
+        return Check(False, f"every epoch began with the same samples {seen[0]}, but that is the dataset's own "
+                            "order dealt out to the ranks: your sampler does not shuffle at all (`shuffle=False`). "
+                            "Keep `shuffle=True` and take out only `set_epoch`.")
+    if all(order == seen[0] for order in seen):
+        return Check(False, f"every epoch began with the same samples {seen[0]}, but not with the order seed 0 "
+                            f"shuffles at epoch 0 ({asked}): something besides set_epoch changed (the sampler's seed, "
+                            "the data?). Take out only `set_epoch`.")
+    return Check(False, f"the epochs began with different samples ({', '.join(map(str, seen))}), and not those "
+                        "`set_epoch(epoch)` gives either: something else changes the order between epochs. Take out "
+                        "only `set_epoch`.")
+
+
+def check_set_epoch_removed(script: str | Path, ranks: int, flags: Sequence[str],
+                            timeout_seconds: float = 600) -> Check:
+    """The check of the ``set_epoch`` exercise: launch the learner's ``script`` on ``ranks`` ranks with ``flags``
+    (3 short epochs) and judge the order of every epoch against the sampler's, from the record this launch
+    wrote; a record an earlier attempt left is removed first, and a failed launch is never judged."""
+    script = Path(script)
+    record = script.with_name(f"{script.stem}-check.json")
+    return judge_launch(record, lambda: launch(ranks, str(script), *flags, "--out", str(record),
+                                               timeout_seconds=timeout_seconds),
+                        lambda path: judge_set_epoch_removed(read_record(path)))
 
 
 def script_seconds(record: dict[str, Any]) -> list[float]:

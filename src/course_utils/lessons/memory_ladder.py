@@ -23,10 +23,13 @@ from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.lessons.data_parallel import SCRATCH, measured_steps, parallel_shape, run_ranks
+from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.memory import KINDS
+from course_utils.parallel.launch import launch
 from course_utils.train import train
 
 MIB = 2**20
+SHARD_SLACK = 1.05  # a rank's shard of a parameter may be padded: dim 0 split into equal parts
 
 
 @dataclass(frozen=True)
@@ -123,17 +126,24 @@ def rule_against_measurement(ladder: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def read_script_record(path: str | Path) -> pd.DataFrame:
-    """What every rank of the notebook's FSDP2 script held after its steps, one row per rank, with the
-    whole model's size beside it. A missing file says which cell writes it."""
+def _script_record(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is not there: run the cell that launches the script (with --out {path})")
-    record = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def _ranks_table(record: dict[str, Any]) -> pd.DataFrame:
     table = pd.DataFrame(record["ranks"])
     table.insert(0, "rank", range(len(table)))
     table["model_mib"] = record["model_mib"]
     return table
+
+
+def read_script_record(path: str | Path) -> pd.DataFrame:
+    """What every rank of the notebook's FSDP2 script held after its steps, one row per rank, with the
+    whole model's size beside it. A missing file says which cell writes it."""
+    return _ranks_table(_script_record(path))
 
 
 def script_answer(held: pd.DataFrame) -> str:
@@ -151,18 +161,56 @@ def script_answer(held: pd.DataFrame) -> str:
     ])
 
 
-def check_fewer_groups(before: pd.DataFrame, after: pd.DataFrame) -> str:
-    """The check of notebook 09's exercise: with fewer blocks in groups of their own, the state a rank keeps
-    stays (the root shards the rest) and the largest group, gathered whole, grows."""
-    kept = ["parameters_mib", "gradients_mib", "optimizer_state_mib"]
-    state_before, state_after = before[kept].sum(axis=1).max(), after[kept].sum(axis=1).max()
-    group_before, group_after = before["largest_group_mib"].max(), after["largest_group_mib"].max()
-    if group_after <= group_before:
-        return (f"Not yet: the largest group is {group_after:.2f} MiB, as before ({group_before:.2f} MiB). Put only "
-                "the first block in blocks_to_shard, write the script again and relaunch.")
-    return (f"Done: each rank still keeps {state_after:.2f} MiB between steps (before: {state_before:.2f}), since the "
-            f"root's fully_shard shards what the blocks left; but the largest group, gathered whole while it runs, "
-            f"grew from {group_before:.2f} to {group_after:.2f} MiB: that is what a rank's peak pays.")
+def _listed(mib: Sequence[float]) -> str:
+    return ", ".join(f"{value:.2f}" for value in mib) + " MiB"
+
+
+def judge_fewer_groups(record: dict[str, Any]) -> Check:
+    """With only the first block in a group of its own, the script's groups must be exactly two: that block,
+    and the root's with every other layer; and each rank must still keep 1/N of the parameters (the root's
+    ``fully_shard`` shards what the blocks left). Other groups name what the script that ran did instead."""
+    layers, groups, world = record["layers_mib"], sorted(record["groups_mib"]), record["world_size"]
+    held, whole = _ranks_table(record), record["model_mib"]
+    kept = held[["parameters_mib", "gradients_mib", "optimizer_state_mib"]].sum(axis=1).max()
+    asked = sorted([layers[0], sum(layers[1:])])
+    per_block = sorted(layers)  # every block in a group of its own, the head in the root's
+
+    def same(a: Sequence[float], b: Sequence[float]) -> bool:
+        return len(a) == len(b) and all(abs(x - y) <= 1e-3 * max(1.0, y) for x, y in zip(a, b))
+
+    if held["parameters_mib"].max() > whole / world * SHARD_SLACK:
+        return Check(False, f"a rank keeps {held['parameters_mib'].max():.2f} MiB of the model's {whole:.2f} MiB "
+                            f"of parameters, more than 1/{world}: some layers are in no group and stay whole on every "
+                            "rank. Keep the last `fully_shard(model)`: it shards what the blocks leave.")
+    if same(groups, asked):
+        return Check(True, f"your script's groups are the first block ({layers[0]:.2f} MiB) and the root's "
+                           f"({sum(layers[1:]):.2f} MiB: every other layer). Each rank still keeps {kept:.2f} MiB of "
+                           f"parameters, gradients and optimizer state between steps, 1/{world} of the whole, since "
+                           "the root's `fully_shard` shards what the blocks left; but the largest group, gathered "
+                           f"whole while it runs, grew from {max(per_block):.2f} to {max(asked):.2f} MiB: that is "
+                           "what a rank's peak pays.")
+    if same(groups, per_block):
+        return Check(False, f"every block is still a group of its own (groups of {_listed(groups)}), as in the run "
+                            "above: the script that ran puts every block in `blocks_to_shard`. If you changed that "
+                            "line, write the script again (run its `%%writefile` cell) before this cell.")
+    if len(groups) == 1:
+        return Check(False, f"one group holds the whole model ({groups[0]:.2f} MiB), gathered at once: no block is "
+                            "in a group of its own. The exercise keeps the first block alone: "
+                            "`blocks_to_shard = list(model)[:1]`.")
+    return Check(False, f"your script's groups hold {_listed(groups)}; the exercise asks for two: the first block "
+                        f"alone ({layers[0]:.2f} MiB) and the root's with every other layer ({sum(layers[1:]):.2f} "
+                        "MiB). Put only the first block in `blocks_to_shard`.")
+
+
+def check_fewer_groups(script: str | Path, ranks: int, flags: Sequence[str], timeout_seconds: float = 600) -> Check:
+    """The check of notebook 09's exercise: launch the learner's FSDP2 ``script`` on ``ranks`` ranks with
+    ``flags`` and judge its groups and what each rank kept, from the record this launch wrote; a record an
+    earlier attempt left is removed first, and a failed launch is never judged."""
+    script = Path(script)
+    record = script.with_name(f"{script.stem}-check.json")
+    return judge_launch(record, lambda: launch(ranks, str(script), *flags, "--out", str(record),
+                                               timeout_seconds=timeout_seconds),
+                        lambda path: judge_fewer_groups(_script_record(path)))
 
 
 def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:

@@ -12,6 +12,7 @@ Where the ranks run is :func:`course_utils.lessons.data_parallel.parallel_shape`
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from torch import nn
 
 from course_utils import config
 from course_utils.lessons.data_parallel import ParallelShape
+from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.communication import collective_bytes
 from course_utils.observe.metrics import read_records
 from course_utils.observe.profiling import TRACE_FILE
@@ -42,14 +44,19 @@ COMPARISON = {
 }
 
 
-def run_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120) -> LaunchResult:
+def start_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120) -> LaunchResult:
     """``torchrun --nproc-per-node ranks script args`` from a notebook, ended after ``timeout_seconds``; every
     rank's output is shown, and the tail of each rank's log on failure."""
     script = Path(script).resolve()
-    result = launch(ranks, script.stem, *args, log_dir=script.parent / f"{script.stem}-logs",
-                    timeout_seconds=timeout_seconds, env={"PYTHONPATH": str(script.parent)})
+    return launch(ranks, script.stem, *args, log_dir=script.parent / f"{script.stem}-logs",
+                  timeout_seconds=timeout_seconds, env={"PYTHONPATH": str(script.parent)})
+
+
+def run_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120) -> LaunchResult:
+    """:func:`start_script`, and an error naming the script when a rank failed."""
+    result = start_script(ranks, script, *args, timeout_seconds=timeout_seconds)
     if not result.ok:
-        raise RuntimeError(f"{script.name} failed on {ranks} ranks (exit code {result.returncode}); see the "
+        raise RuntimeError(f"{Path(script).name} failed on {ranks} ranks (exit code {result.returncode}); see the "
                            "ranks' output above")
     return result
 
@@ -264,14 +271,91 @@ def modes_answer(table: pd.DataFrame, steps: dict[str, list[float]], on_gpus: bo
     return "\n".join(lines)
 
 
-def exercise_verdict(table: pd.DataFrame) -> str:
-    """Exercise 1's check: with the backward all-reduce taken out, the input gradients go wrong and the weights'
-    stay right."""
-    wrong = set(table.loc[~table["same"], "tensor"])
-    inputs = {name for name in table["tensor"] if "input gradient" in name}
+def _own_share_gradients(saved: dict[str, Any], world: int) -> list[torch.Tensor]:
+    """Each rank's input gradient with no all-reduce in the backward pass: the part of the whole block's input
+    gradient that flows through the rank's own hidden units (the hidden units split as the script splits them)."""
+    whole = MLP(saved["up.weight"].shape[1], saved["up.weight"].shape[0])
+    whole.load_state_dict({name: saved[name] for name in whole.state_dict()})
+    out = whole(saved["tokens"]).detach()
+    out_grad = 2 * out / out.numel()  # the gradient of the scripts' loss, out.square().mean()
+    hidden = whole.up.weight.shape[0]
+    shares = []
+    for rank in range(world):
+        own = torch.zeros(hidden)
+        own[rank * hidden // world:(rank + 1) * hidden // world] = 1
+        tokens = saved["tokens"].clone().requires_grad_()
+        (whole.down(whole.act(whole.up(tokens)) * own) * out_grad).sum().backward()
+        shares.append(tokens.grad)
+    return shares
+
+
+def judge_backward_collective(folder: Path) -> Check:
+    """Exercise 1's judgement: with the all-reduce taken out of ``CopyToRanks.backward``, the outputs and the
+    weights' gradients stay the whole block's, and each rank's input gradient is exactly its own hidden units'
+    share of the whole one. Anything else names what the script that ran did instead."""
+    table, ranks = check_mlp_split(folder), _rank_files(folder)
+    wrong = list(table.loc[~table["same"], "tensor"])
+    outputs = [name for name in wrong if name.endswith("output")]
+    weights = [name for name in wrong if "input gradient" not in name and name not in outputs]
+    shares = _own_share_gradients(ranks[0], len(ranks))
+    own = [torch.allclose(rank["tokens_grad"], share, **TOLERANCE) for rank, share in zip(ranks, shares)]
     if not wrong:
-        return "Not yet: every tensor still matches the whole block. Take the all-reduce out of CopyToRanks.backward."
-    if wrong == inputs:
-        return ("Done: only the input gradients are wrong. Each rank's input gradient covers its own hidden units; "
-                "the weights' gradients need only the whole input, which every rank has.")
-    return f"Something else changed: {', '.join(sorted(wrong - inputs))} differ too; change only CopyToRanks.backward."
+        return Check(False, "every tensor still matches the whole block: the script that ran still all-reduces in "
+                            "`CopyToRanks.backward`. If you took that all-reduce out, write the script again (run its "
+                            "`%%writefile` cell) before this cell.")
+    if outputs:
+        return Check(False, f"the outputs differ from the whole block's ({', '.join(outputs)}): your change reached "
+                            "the forward pass (the all-reduce in `SumOverRanks.forward`?). Change only "
+                            "`CopyToRanks.backward`.")
+    if weights:
+        return Check(False, f"the weights' gradients differ too ({', '.join(weights)}): something besides "
+                            "`CopyToRanks.backward` changed. Start again from the script as it was and take out only "
+                            "that all-reduce.")
+    if not all(own):
+        return Check(False, "the input gradients are wrong, but not each rank's own share of the whole one: "
+                            "`CopyToRanks.backward` should return `grad` as it came, neither zeroed nor scaled, with "
+                            "only the all-reduce gone.")
+    return Check(True, "only the input gradients are wrong, and each rank's is exactly the share that flows through "
+                       "its own hidden units. The weights' gradients need only the whole input, which every rank has; "
+                       "the input's gradient is a sum over all hidden units, which is what the all-reduce adds up.")
+
+
+def check_backward_collective(script: Path, folder: Path, device: str, ranks: int = 2,
+                              timeout_seconds: float = 120) -> Check:
+    """Exercise 1's check: launch the learner's hand-split ``script`` into ``folder`` and judge what its ranks
+    computed; the files an earlier attempt left in ``folder`` are removed first, and a failed launch is never
+    judged."""
+    return judge_launch(Path(folder), lambda: start_script(ranks, script, str(folder), device,
+                                                           timeout_seconds=timeout_seconds),
+                        judge_backward_collective)
+
+
+def _apart(ours: float, theirs: float) -> bool:
+    return not math.isclose(ours, theirs, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def check_bubble(bubble: Callable[[int, int], float]) -> Check:
+    """The bubble exercise's check: the learner's formula against GPipe's exact share of idle slots, for 2 to 8
+    stages and 1 to 32 micro-batches; a wrong formula is named by what it matches (the busy share, a
+    percentage) or by its first figure that differs."""
+    cases = [(stages, micro) for stages in range(2, 9) for micro in (1, 2, 3, 4, 8, 13, 32)]
+    mine = {case: bubble(*case) for case in cases}
+    exact = {case: gpipe_bubble(*case) for case in cases}
+    if not all(isinstance(value, numbers.Real) for value in mine.values()):
+        return Check(False, f"your function returns {mine[cases[0]]!r} for {cases[0][0]} stages and {cases[0][1]} "
+                            "micro-batch: return the share as a number (a float between 0 and 1).")
+    if any(math.isnan(value) for value in mine.values()):
+        return Check(False, "your function returns nan: write your formula in place of `float(\"nan\")`.")
+    if not any(_apart(mine[case], exact[case]) for case in cases):
+        return Check(True, f"your formula gives GPipe's bubble for every count tried ({len(cases)}: 2 to 8 stages, 1 "
+                           "to 32 micro-batches): of the M + S - 1 slots of a step, each stage works M and waits "
+                           "S - 1.")
+    stages, micro = next(case for case in cases if _apart(mine[case], exact[case]))
+    said = (f"for {stages} stages and {micro} micro-batch(es) yours gives {mine[stages, micro]:.4g}, the schedule "
+            f"{exact[stages, micro]:.4g}")
+    if all(not _apart(mine[case], 1 - exact[case]) for case in cases):
+        return Check(False, f"{said}: yours is the share a stage works, not the share it waits.")
+    if all(not _apart(mine[case], 100 * exact[case]) for case in cases):
+        return Check(False, f"{said}: a percentage; return the share (between 0 and 1).")
+    return Check(False, f"{said}. Count the slots of the forward half: when does the last micro-batch reach the "
+                        "last stage, and in how many slots does one stage work?")

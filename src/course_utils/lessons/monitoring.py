@@ -306,16 +306,44 @@ def sweep_results(sweep: pd.DataFrame) -> Figure:
     return fig
 
 
-SATURATING = pd.DataFrame({"model": "resnet50", "status": "ok", "batch_size": [32, 128, 512, 2048],
-                           "images_per_second": [1000.0, 2950.0, 3000.0, 3050.0], "spread": 0.04})
+# Known sweeps, one per model, whose answers tell the typical wrong rules apart: the spread column read (a fixed
+# threshold fails one of the first two), the best compared with (the next batch's gain fails the third), the
+# model and the status filtered (another model's rows and an out-of-memory row are mixed in).
+SATURATING = pd.DataFrame([
+    *({"model": "resnet50", "status": "ok", "batch_size": b, "images_per_second": ips, "spread": 0.04}
+      for b, ips in ((32, 1000.0), (128, 2950.0), (512, 3000.0), (2048, 3050.0))),
+    {"model": "resnet50", "status": "out of memory", "batch_size": 4096, "images_per_second": float("nan"),
+     "spread": float("nan")},
+    *({"model": "resnet18", "status": "ok", "batch_size": b, "images_per_second": ips, "spread": 0.01}
+      for b, ips in ((32, 1000.0), (128, 2950.0), (512, 3040.0), (2048, 3050.0))),
+    *({"model": "vit_small", "status": "ok", "batch_size": b, "images_per_second": ips, "spread": 0.04}
+      for b, ips in ((16, 1000.0), (32, 2000.0), (64, 2060.0), (128, 2120.0), (256, 2180.0))),
+])
+SATURATING_ANSWERS = {"resnet50": 128, "resnet18": 512, "vit_small": 128}
+
+
+def _saturation_hint(rows: pd.DataFrame, found: int) -> str:
+    """What the learner's answer on one known sweep is, when it is not the asked batch."""
+    fits = rows[rows["status"] == "ok"]
+    if found == fits["batch_size"].max():
+        return "the largest batch that fit, not where the throughput stops growing"
+    if found == fits.loc[fits["images_per_second"].idxmax(), "batch_size"]:
+        return "the fastest batch; the exercise asks for the smallest whose throughput is within the spread of it"
+    if found not in set(fits["batch_size"]):
+        return "not a batch of this model's rows that fit: keep only its rows with status \"ok\""
+    return ("a batch whose throughput is further from the best than the `spread` column allows, or a smaller one "
+            "than the first within it: compare each batch with the best, not with the batch before")
 
 
 def check_saturation(saturating_batch: Callable[[pd.DataFrame, str], int]) -> Check:
     """Exercise: does the learner's function find the smallest batch whose throughput is within the spread of
-    the best? Tried on a table whose answer is known (128: 2950 images/s is within 4 % of 3050)."""
-    found = saturating_batch(SATURATING, "resnet50")
-    if found == 128:
-        return Check(True, "on the known table your function finds batch 128, where throughput stops growing beyond "
-                           "the noise; the cell below reads this notebook's sweep with it.")
-    return Check(False, f"on the known table your function returns batch {found}; the smallest batch within the "
-                        "rounds' spread of the best is 128.")
+    the best? Tried on known sweeps (:data:`SATURATING`) whose answers tell the usual wrong rules apart."""
+    for model, answer in SATURATING_ANSWERS.items():
+        found = saturating_batch(SATURATING, model)
+        if found != answer:
+            rows = SATURATING[SATURATING["model"] == model]
+            return Check(False, f"on a known sweep of {model} (spread {rows['spread'].iloc[0]:.0%}) your function "
+                                f"returns batch {found}: {_saturation_hint(rows, found)}. The smallest batch within "
+                                f"the spread of the best is {answer}.")
+    return Check(True, f"on {len(SATURATING_ANSWERS)} known sweeps your function finds the batch where throughput "
+                       "stops growing beyond the noise; the cell below reads this notebook's sweep with it.")

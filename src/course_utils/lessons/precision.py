@@ -234,7 +234,11 @@ def progression_losses(table: pd.DataFrame) -> Figure:
 
 
 FP16_SMALLEST = 2.0 ** -24  # fp16's smallest subnormal: a gradient below half of it rounds to zero
+FP16_NORMAL = 2.0 ** -14  # fp16's smallest normal number: above it fp16 keeps 11 significant bits
 LATE_LOSS = 0.2  # past it, the wrong classes' gradients fall below fp16's range unless the loss is scaled
+INITIAL_SCALE = 2.0 ** 16  # the GradScaler's first scale
+FP16_AGREEMENT = 0.03  # fp16's rounding leaves its gradients within about 1 % of fp32's (norm); bf16's: about 7 %
+SAME = 1e-3  # a learner's gradients within this of a reference pass's (norm) are that pass, computed another way
 
 
 def _late_in_training() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -256,34 +260,76 @@ def _late_in_training() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 Gradients = Callable[[nn.Module, torch.Tensor, torch.Tensor], list[torch.Tensor]]
 
 
-def scaled_fp16_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
-    """One fp16 backward pass with the loss scaled as the GradScaler starts (65536), the gradients divided
-    back: what the optimizer would apply."""
-    scale = 2.0 ** 16
+def _pass(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype | None,
+          scale: float = 1.0) -> list[torch.Tensor]:
+    """One backward pass under autocast to ``dtype`` (None: plain fp32), the loss multiplied by ``scale`` and the
+    gradients divided back: the reference passes the learner's gradients are compared with."""
+    model = copy.deepcopy(model)
     model.zero_grad(set_to_none=True)
-    with torch.autocast(images.device.type, dtype=torch.float16):
+    with torch.autocast(images.device.type, dtype=dtype or torch.float16, enabled=dtype is not None):
         loss = nn.functional.cross_entropy(model(images), labels)
     (loss * scale).backward()
     return [parameter.grad / scale for parameter in model.parameters()]
 
 
-def _lost(exact: list[torch.Tensor], half: list[torch.Tensor]) -> int:
-    return sum(int(((e != 0) & (h.float() == 0)).sum()) for e, h in zip(exact, half))
+def scaled_fp16_gradients(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+    """One fp16 backward pass with the loss scaled as the GradScaler starts (65536), the gradients divided
+    back: what the optimizer would apply."""
+    return _pass(model, images, labels, torch.float16, INITIAL_SCALE)
+
+
+def _flat(gradients: list[torch.Tensor | None], like: list[torch.Tensor]) -> torch.Tensor | None:
+    if len(gradients) != len(like) or any(g is None or g.shape != e.shape for g, e in zip(gradients, like)):
+        return None
+    return torch.cat([g.detach().float().flatten() for g in gradients])
+
+
+def _distance(mine: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((mine - reference).norm() / reference.norm())
 
 
 def check_underflow(fp16_gradients: Gradients) -> Check:
-    """Exercise: run the learner's fp16 backward pass on a model late in training and count the gradient
-    elements that are zero in it but not in fp32 (the gradients that underflowed), against a scaled pass."""
+    """Exercise: run the learner's fp16 backward pass on a model late in training and compare its gradients
+    with fp32's, element by element: where fp16 holds the fp32 gradient (above its smallest normal number)
+    they must agree within fp16's rounding, and where fp16 cannot hold it (below half its smallest subnormal)
+    they must be zero, as an unscaled fp16 pass leaves them. A wrong edit is named by the reference pass its
+    gradients equal (fp32, the scaled pass, bf16) or by their factor to fp32's."""
     model, images, labels = _late_in_training()
-    model.zero_grad(set_to_none=True)
-    nn.functional.cross_entropy(model(images), labels).backward()
-    exact = [parameter.grad.clone() for parameter in model.parameters()]
-    lost = _lost(exact, fp16_gradients(copy.deepcopy(model), images, labels))
-    scaled = _lost(exact, scaled_fp16_gradients(copy.deepcopy(model), images, labels))
-    nonzero = sum(int((g != 0).sum()) for g in exact)
-    text = (f"**{lost}** of {nonzero} gradient elements are zero in your fp16 gradients but not in fp32, against "
-            f"{scaled} with the loss scaled (fp16 holds nothing below {FP16_SMALLEST:.1e})")
-    if lost > scaled:
-        return Check(True, f"{text}: those gradients **underflowed**, and their weights stop learning. The "
-                           "GradScaler multiplies the loss (by 65536 to start with) so that they stay in range.")
-    return Check(False, f"{text}: the loss is still scaled. Take the GradScaler out of the backward pass.")
+    exact = _pass(model, images, labels, None)
+    mine = _flat(fp16_gradients(copy.deepcopy(model), images, labels), exact)
+    if mine is None:
+        return Check(False, "your function must return one gradient per parameter, each of its parameter's shape, "
+                            "as the cell does (`[parameter.grad for parameter in model.parameters()]`).")
+    fp32 = _flat(exact, exact)
+    held, lost = fp32.abs() >= FP16_NORMAL, (fp32 != 0) & (fp32.abs() < FP16_SMALLEST / 2)
+    agreement, zeros = _distance(mine[held], fp32[held]), int((mine[lost] == 0).sum())
+    factor = float((mine[held] * fp32[held]).sum() / fp32[held].square().sum())
+    apart = f"{agreement:.1%}" if agreement < 1 else f"{agreement:.3g} times their size"
+    text = (f"of the {int(lost.sum())} gradients that fp16 cannot hold (below {FP16_SMALLEST / 2:.0e}), "
+            f"**{zeros}** are zero in yours; the {int(held.sum())} it holds differ from fp32's by **{apart}**")
+    if agreement <= FP16_AGREEMENT and zeros == int(lost.sum()):
+        return Check(True, f"{text}, fp16's rounding. Those gradients **underflowed**: their weights stop learning. "
+                           "The GradScaler multiplies the loss (by 65536 to start with) so that they stay in range.")
+    same = {name: _distance(mine, _flat(reference, exact)) <= SAME for name, reference in (
+        ("fp32", exact), ("scaled", scaled_fp16_gradients(model, images, labels)),
+        ("bf16", _pass(model, images, labels, torch.bfloat16)))}
+    if same["fp32"]:
+        hint = ("they are fp32's, bit for bit: the backward pass ran in fp32, where nothing underflows. Keep "
+                "`torch.autocast(..., dtype=torch.float16)` and take out only the scaler.")
+    elif same["scaled"]:
+        hint = ("they are the scaled pass's: the loss is still multiplied by the scale before backward, which lifts "
+                "the small gradients into fp16's range. Take the GradScaler out: a plain `loss.backward()`, the "
+                "gradients as they are.")
+    elif same["bf16"]:
+        hint = ("they are a bf16 pass's: bf16 has fp32's range, so nothing underflows (and it needs no scaler). "
+                "The exercise is about fp16: `dtype=torch.float16`.")
+    elif factor > 100:
+        hint = (f"they are **{factor:.0f}x** fp32's: the gradients of a scaled loss, not divided back. The "
+                "optimizer would take steps that much too large. Take the scaler out, or divide by its scale.")
+    elif factor < 0.01:
+        hint = (f"they are **{1 / factor:.0f}x** smaller than fp32's: divided by the scale, but the loss was not "
+                "multiplied by it. Without the scaler, return the gradients as they are.")
+    else:
+        hint = ("they are neither fp16's nor any reference pass's: something besides the scaler changed. Start again "
+                "from the cell's code and take out only the scaler.")
+    return Check(False, f"{text}: {hint}")

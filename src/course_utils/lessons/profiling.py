@@ -56,21 +56,35 @@ def phase_agreement(prof: torch.profiler.profile, phases: pd.DataFrame) -> str:
 ProfileSteps = Callable[[nn.Module, torch.optim.Optimizer, Iterator, torch.device], torch.profiler.profile]
 
 
+def _ranges(prof: torch.profiler.profile, name: str) -> list[tuple[int, int]]:
+    return [(event.time_range.start, event.time_range.end) for event in prof.events()
+            if event.is_user_annotation and event.device_type == torch.autograd.DeviceType.CPU and event.name == name]
+
+
 def check_profile(profile_steps: ProfileSteps, range_name: str = "loss", iterations: int = 3) -> Check:
     """Exercise: run the learner's profiling function on a tiny CNN and say whether its profile recorded
-    ``iterations`` iterations, each with a range named ``range_name``."""
+    ``iterations`` iterations, each with a range named ``range_name`` inside its ``forward`` range."""
     model = tiny_cnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    durations = range_durations(profile_steps(model, optimizer, iter(fixed_batches(10)), torch.device("cpu")))
+    prof = profile_steps(model, optimizer, iter(fixed_batches(10)), torch.device("cpu"))
+    durations = range_durations(prof)
     recorded = len(durations.get("forward", []))
     found = len(durations.get(range_name, []))
     text = (f"your profile recorded {recorded} iterations (asked: {iterations}) and {found} ranges named "
             f"`{range_name}`")
-    if recorded == iterations and found == iterations:
-        return Check(True, f"{text}; `{range_name}` took {statistics.median(durations[range_name]):.2f} ms per "
-                           f"iteration (median), inside `forward`'s {statistics.median(durations['forward']):.2f} ms.")
-    return Check(False, f"{text}. Change the schedule's `active` and add "
-                        f"`with record_function(\"{range_name}\"):` around the loss.")
+    if recorded != iterations:
+        return Check(False, f"{text}. The schedule records `active` iterations after `wait + warmup`, and the loop "
+                            "must run all of them: set `active` where both the schedule and the loop read it.")
+    if found != iterations:
+        return Check(False, f"{text}. Open `with record_function(\"{range_name}\"):` around the loss computation, "
+                            "every iteration (the name exactly so).")
+    forwards = _ranges(prof, "forward")
+    outside = [r for r in _ranges(prof, range_name) if not any(f[0] <= r[0] and r[1] <= f[1] for f in forwards)]
+    if outside:
+        return Check(False, f"{text}, but {len(outside)} of them are not inside a `forward` range: open it within "
+                            "the `with record_function(\"forward\"):` block, so that the trace nests it there.")
+    return Check(True, f"{text}; `{range_name}` took {statistics.median(durations[range_name]):.2f} ms per "
+                       f"iteration (median), inside `forward`'s {statistics.median(durations['forward']):.2f} ms.")
 
 
 def phase_answer(phases: pd.DataFrame, device_type: str) -> str:

@@ -15,6 +15,7 @@ The first form starts torchrun on this machine for each rank count; the second r
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.lessons.data_parallel import SCRATCH, SPREAD_FLOOR, run_ranks
+from course_utils.lessons.exercises import Check
 from course_utils.observe.metrics import load_run
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
@@ -251,22 +253,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _bus_hint(factor: float, ranks: int) -> str:
+    """What a learner's bus bandwidth did, from its factor to the algorithm bandwidth on ``ranks`` ranks."""
+    ring = 2 * (ranks - 1) / ranks
+    if math.isclose(factor, 1, rel_tol=1e-6):
+        return "yours is the algorithm bandwidth, bytes over time, unchanged"
+    if math.isclose(factor, ring / 2, rel_tol=1e-6):
+        return (f"yours multiplies it by (n-1)/n = {ring / 2:.3g}: a ring all-reduce passes the message around twice, "
+                "once to add the pieces up and once to share the sums")
+    if math.isclose(factor * 2**30 / 1e9, ring, rel_tol=1e-6):
+        return "yours counts GiB (2**30 bytes); the course's GB/s are 1e9 bytes"
+    return f"yours is {factor:.4g} times the algorithm bandwidth on {ranks} ranks"
+
+
 def check_bus_bandwidth(bus_bandwidth: Callable[[float, float, int], float], measured: pd.DataFrame,
-                        ranks: tuple[int, ...] = (2, 4, 8)) -> str:
+                        ranks: tuple[int, ...] = (2, 4, 8)) -> Check:
     """The check of notebook 08's exercise: does the learner's ``bus_bandwidth(bytes, seconds, ranks)`` give
     what the all-reduce measurement computed, on the ranks it ran and on more (where the two bandwidths part)?"""
-    wrong = []
     for row in measured.itertuples():
         for count in sorted({int(row.world_size), *ranks}):
             expected = row.algorithm_gb_per_s * 2 * (count - 1) / count
-            if abs(bus_bandwidth(row.bytes, row.seconds, count) - expected) > 1e-6 * max(1.0, expected):
-                wrong.append((int(row.bytes), count, expected))
-    if not wrong:
-        return (f"Done: your bus bandwidth matches all {len(measured)} measured sizes, on "
-                f"{measured['world_size'].iloc[0]} ranks and on {', '.join(map(str, ranks))}.")
-    size, count, expected = wrong[0]
-    return (f"Not yet: for {size} bytes on {count} ranks the bus bandwidth is {expected:.3f} GB/s; your function gives "
-            "another figure. Each link of a ring carries 2(n-1)/n of the message.")
+            mine = bus_bandwidth(row.bytes, row.seconds, count)
+            if not math.isclose(mine, expected, rel_tol=1e-6, abs_tol=1e-12):
+                return Check(False, f"for {int(row.bytes)} bytes on {count} ranks the bus bandwidth is "
+                                    f"{expected:.4g} GB/s and your function gives {mine:.4g}: "
+                                    f"{_bus_hint(mine / row.algorithm_gb_per_s, count)}. Each link of a ring carries "
+                                    f"2(n-1)/n of the message: {2 * (count - 1) / count:.3g} on {count} ranks.")
+    return Check(True, f"your bus bandwidth matches all {len(measured)} measured sizes, on "
+                       f"{measured['world_size'].iloc[0]} ranks and on {', '.join(map(str, ranks))}.")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ group, so no rank is left behind; the limit's error names the ranks that had not
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,10 @@ from course_utils import config
 from course_utils.run_folder import RunFolder
 
 TAIL_LINES = 20
+# torchrun's failure report names each failed rank on a line of its own ("  rank      : 1 (local_rank: 1)"), the
+# root cause first; a rank's own lines reach the output prefixed ("[default1]:"), so they never match.
+REPORTED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+TRACEBACK = "Traceback (most recent call last)"
 
 # The longest a launch may run, in seconds, per course size: a rank that never exits (a deadlock at the end of a
 # run) fails the cell with its rank named instead of hanging it. COURSE_LAUNCH_TIMEOUT sets another limit.
@@ -62,6 +67,15 @@ class LaunchResult:
     def ok(self) -> bool:
         return self.returncode == 0
 
+    @property
+    def failed_ranks(self) -> list[int]:
+        """The ranks that failed: those torchrun's failure report names (the first failure first), then any
+        other whose log holds a Python traceback. Empty when every rank ended cleanly, or when torchrun failed
+        before any rank ran (a bad flag, a missing script): ``ok`` tells those apart."""
+        reported = [int(match[1]) for line in self.lines if not self.ok and (match := REPORTED_RANK.match(line))]
+        raised = [rank for rank, text in sorted(self.rank_logs.items()) if TRACEBACK in text]
+        return list(dict.fromkeys(reported + raised))
+
 
 # "--" ends torchrun's own options: without it, torchrun's parser takes a module's flag that begins like one
 # of its own (--monitor, like --monitor-interval) for an abbreviation and fails. torchrun drops the "--".
@@ -75,12 +89,14 @@ def torchrun_command(nproc: int, module: str, args: tuple[str, ...], log_dir: Pa
             f"--max-restarts={max_restarts}", "--tee=3", f"--log-dir={log_dir}", *target, *SCRIPT_ARGS, *args]
 
 
-def _rank_logs(log_dir: Path) -> dict[int, str]:
-    """torchrun keeps each rank's output under ``log_dir/<run>/attempt_<n>/<rank>/std{out,err}.log``."""
+def _rank_logs(log_dir: Path, earlier: set[Path]) -> dict[int, str]:
+    """torchrun keeps each rank's output under ``log_dir/<run>/attempt_<n>/<rank>/std{out,err}.log``, a new
+    ``<run>`` per launch: the runs in ``earlier`` (launches before this one into the same folder) are left out."""
     logs: dict[int, str] = {}
-    for path in sorted(log_dir.rglob("std*.log")):
-        rank = int(path.parent.name)
-        logs[rank] = logs.get(rank, "") + path.read_text(errors="replace")
+    for run in sorted(set(log_dir.iterdir()) - earlier) if log_dir.is_dir() else []:
+        for path in sorted(run.rglob("std*.log")):
+            rank = int(path.parent.name)
+            logs[rank] = logs.get(rank, "") + path.read_text(errors="replace")
     return logs
 
 
@@ -147,6 +163,7 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
     timeout_seconds = time_limit() if timeout_seconds is None else timeout_seconds
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="torchrun-"))
     command = torchrun_command(nproc, module, args, log_dir, max_restarts)
+    earlier = set(log_dir.iterdir()) if log_dir.is_dir() else set()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                # its own process group, to end it as a whole
                                start_new_session=True, env={**os.environ, **(env or {})})
@@ -170,7 +187,7 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
             _end_group(process)
         reader.join(timeout=10)
         process.stdout.close()
-    result.rank_logs = _rank_logs(log_dir)
+    result.rank_logs = _rank_logs(log_dir, earlier)
     out = _out_dir(args)
     folder = RunFolder(out) if out is not None else None
     if result.ok and folder is not None and folder.summary.is_file():
