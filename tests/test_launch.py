@@ -94,3 +94,31 @@ def test_the_ranks_still_running_are_named_by_their_rank_and_pid():
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+FAILING = """import os, signal, sys
+if os.environ["RANK"] == "1" and sys.argv[1] == "raise":
+    raise AttributeError("'DistributedSampler' object has no attribute 'set_epock'")
+if os.environ["RANK"] == "1" and sys.argv[1] == "abort":
+    os.kill(os.getpid(), signal.SIGABRT)  # as a C++ teardown that calls std::terminate
+print("rank", os.environ["RANK"], "ended cleanly")
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "abort"])
+def test_the_failed_rank_is_named_whether_it_raised_or_died_of_a_signal(tmp_path, how):
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    result = launch(2, str(script), how, log_dir=tmp_path / "logs", timeout_seconds=240, echo=False)
+    assert not result.ok and result.failed_ranks == [1], "\n".join(result.lines[-30:])
+
+
+def test_a_clean_launch_after_a_failed_one_into_the_same_log_folder_reads_only_its_own_logs(tmp_path):
+    """The logs of the failed attempt stay in the folder; the next launch's ranks are judged by their own."""
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    failed = launch(2, str(script), "raise", log_dir=tmp_path / "logs", timeout_seconds=240, echo=False)
+    assert failed.failed_ranks == [1] and "set_epock" in failed.rank_logs[1]
+    clean = launch(2, str(script), "none", log_dir=tmp_path / "logs", timeout_seconds=240, echo=False)
+    assert clean.ok and clean.failed_ranks == [], "\n".join(clean.lines[-30:])
+    assert "set_epock" not in clean.rank_logs[1] and "ended cleanly" in clean.rank_logs[1]

@@ -1,6 +1,6 @@
 """Notebook 11's lesson: the learner's hand-split MLP and DTensor-split block, run from the notebook's own
-script cells on two gloo ranks, match the whole block; the exercise's solution does what its check asks; the
-answers read noisy and contradictory measurements as such."""
+script cells on two gloo ranks, match the whole block; the bubble's check holds a formula to the schedule's
+exact count, and its exercise starts undone; the answers read noisy and contradictory measurements as such."""
 
 import json
 from pathlib import Path
@@ -35,16 +35,11 @@ def _run(tmp_path, name: str, text: str | None = None) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_the_hand_split_mlp_matches_the_whole_block_and_the_exercise_breaks_only_the_input_gradient(tmp_path):
+def test_the_hand_split_mlp_matches_the_whole_block(tmp_path):
+    """Its exercise, the backward all-reduce taken out, is fed to its check in test_launched_checks."""
     check = model_parallel.check_mlp_split(_run(tmp_path, "tp_by_hand.py"))
     assert check["same"].all(), check
     assert len(check) == 8  # two ranks' outputs and input gradients, four weights' gradients
-    allreduce = "        grad = grad.clone()\n        dist.all_reduce(grad)\n        return grad\n"
-    without = _script("tp_by_hand.py").replace(allreduce, "        return grad\n", 1)
-    assert without != _script("tp_by_hand.py")
-    verdict = model_parallel.exercise_verdict(model_parallel.check_mlp_split(_run(tmp_path, "tp_exercise.py",
-                                                                                  without)))
-    assert verdict.startswith("Done: only the input gradients are wrong")
 
 
 @pytest.mark.slow
@@ -56,13 +51,34 @@ def test_the_dtensor_split_block_matches_the_whole_block(tmp_path):
         check["tensor"])
 
 
-def test_the_check_finds_a_wrong_gradient():
-    whole = pd.DataFrame({"tensor": ["rank 0 output", "rank 0 input gradient", "up.weight gradient"],
-                          "same": [True, False, True]})
-    assert model_parallel.exercise_verdict(whole).startswith("Done")
-    assert model_parallel.exercise_verdict(whole.assign(same=True)).startswith("Not yet")
-    assert model_parallel.exercise_verdict(whole.assign(same=False)).startswith("Something else changed: rank 0 "
-                                                                                "output, up.weight gradient")
+def _bubble_cell() -> str:
+    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
+        if "exercise" in cell["metadata"].get("tags", []) and "def bubble(" in "".join(cell["source"]):
+            return "".join(cell["source"])
+    raise AssertionError("no exercise cell of the notebook defines bubble")
+
+
+@pytest.mark.parametrize("formula, done, said", [
+    ("(stages - 1) / (microbatches + stages - 1)", True, "each stage works M and waits S - 1"),
+    ("1 - microbatches / (microbatches + stages - 1)", True, "each stage works M"),
+    ("microbatches / (microbatches + stages - 1)", False, "the share a stage works, not the share it waits"),
+    ("100 * (stages - 1) / (microbatches + stages - 1)", False, "a percentage"),
+    ("(stages - 1) / microbatches", False, "Count the slots"),
+    ("(stages - 1) / (microbatches + stages)", False, "Count the slots"),
+    ("None", False, "return the share as a number"),
+], ids=["solution", "one minus the busy share", "busy share", "percentage", "no ramp", "one slot too many",
+        "nothing"])
+def test_the_bubble_check_holds_a_formula_to_the_schedules_exact_count(formula, done, said):
+    verdict = model_parallel.check_bubble(lambda stages, microbatches: eval(formula))
+    assert verdict.done is done and str(verdict).startswith("Done: " if done else "Not yet: ")
+    assert said in verdict.text, str(verdict)
+
+
+def test_the_bubble_exercise_starts_undone():
+    namespace = {"model_parallel": model_parallel, "print": lambda *_: None}
+    exec(_bubble_cell(), namespace)
+    verdict = model_parallel.check_bubble(namespace["bubble"])
+    assert not verdict.done and "nan" in verdict.text, str(verdict)
 
 
 def test_the_bubble_answer_reads_the_spread():

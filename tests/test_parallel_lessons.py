@@ -57,15 +57,20 @@ def test_the_script_and_the_command_agree_within_the_spread_or_say_what_differs(
     assert "your script was slower" in text and "No measurable difference" not in text
 
 
-def _record(orders):
-    return {"world_size": 2, "device": "cpu",
+def _record(orders, samples=256):
+    return {"world_size": 2, "samples": samples, "device": "cpu",
             "epochs": [{"epoch": e, "first_samples": o, "step_seconds": [0.1, 0.1]} for e, o in enumerate(orders)]}
 
 
-def test_the_set_epoch_check_says_done_only_when_every_epoch_repeats_the_order():
-    assert ddp.check_set_epoch_removed(_record([[1, 2], [1, 2], [1, 2]])).startswith("Done")
-    assert ddp.check_set_epoch_removed(_record([[1, 2], [3, 4], [1, 2]])).startswith("Not yet")
-    assert ddp.check_set_epoch_removed(_record([[1, 2]])).startswith("Not checked")
+def test_the_set_epoch_judgement_compares_every_epoch_with_the_samplers_own_order():
+    """The launches themselves are in test_launched_checks; here the judgement of records such a launch writes."""
+    epoch0, epoch1 = ddp.sampler_order(256, 2, 0, 6), ddp.sampler_order(256, 2, 1, 6)
+    assert ddp.judge_set_epoch_removed(_record([epoch0] * 3)).done
+    assert not ddp.judge_set_epoch_removed(_record([epoch0, epoch1, ddp.sampler_order(256, 2, 2, 6)])).done
+    assert "does not shuffle" in ddp.judge_set_epoch_removed(_record([[0, 2, 4, 6, 8, 10]] * 3)).text
+    assert "not with the order seed 0" in ddp.judge_set_epoch_removed(_record([epoch1] * 3)).text
+    assert "not those `set_epoch(epoch)` gives" in ddp.judge_set_epoch_removed(_record([epoch0, epoch0, epoch1])).text
+    assert "too few to compare" in ddp.judge_set_epoch_removed(_record([epoch0])).text
 
 
 def test_a_missing_record_names_the_cell_that_writes_it(tmp_path):
@@ -73,14 +78,19 @@ def test_a_missing_record_names_the_cell_that_writes_it(tmp_path):
         ddp.read_record(tmp_path / "record.json")
 
 
-def _held(largest, state=2.0):
-    return pd.DataFrame([{"rank": r, "parameters_mib": state, "gradients_mib": state, "optimizer_state_mib": 2 * state,
-                          "largest_group_mib": largest, "model_mib": 4.0} for r in range(2)])
+def _fsdp_record(groups, parameters=1.0):
+    return {"world_size": 2, "model_mib": 4.0, "layers_mib": [1.0, 1.0, 1.0, 1.0], "groups_mib": groups,
+            "ranks": [{"parameters_mib": parameters, "gradients_mib": parameters, "optimizer_state_mib": 2 * parameters,
+                       "largest_group_mib": max(groups)} for _ in range(2)]}
 
 
-def test_the_fsdp_exercise_check_reads_the_largest_group():
-    assert memory_ladder.check_fewer_groups(_held(1.0), _held(1.0)).startswith("Not yet")
-    assert memory_ladder.check_fewer_groups(_held(1.0), _held(3.0)).startswith("Done")
+def test_the_fsdp_judgement_compares_the_groups_with_the_asked_layout():
+    """The launches themselves are in test_launched_checks; here the judgement of records such a launch writes."""
+    assert memory_ladder.judge_fewer_groups(_fsdp_record([1.0, 3.0])).done
+    assert "still a group of its own" in memory_ladder.judge_fewer_groups(_fsdp_record([1.0] * 4)).text
+    assert "one group holds" in memory_ladder.judge_fewer_groups(_fsdp_record([4.0])).text
+    assert "asks for two" in memory_ladder.judge_fewer_groups(_fsdp_record([1.0, 1.0, 2.0])).text
+    assert "in no group" in memory_ladder.judge_fewer_groups(_fsdp_record([1.0, 3.0], parameters=3.5)).text
 
 
 def test_gpu_reference_rows_are_shown_only_where_a_gpu_recorded_them(tmp_path, monkeypatch):
@@ -120,19 +130,46 @@ def test_launch_runs_a_script_file_under_torchrun(tmp_path):
     assert "rank 0 of 2 ['--out', 'x']" in said and "rank 1 of 2 ['--out', 'x']" in said
 
 
-def test_the_dataparallel_exercise_check_loads_the_weights_into_the_plain_model(tmp_path):
+def test_the_dataparallel_exercise_check_wants_the_wrapped_models_own_weights_under_plain_names(tmp_path):
     import torch
     from torch import nn
 
     from course_utils.lessons import dataparallel
     from course_utils.training.models import build
 
-    wrapped = nn.DataParallel(build("small_cnn"))
-    torch.save(wrapped.state_dict(), tmp_path / "wrapped.pt")
-    assert dataparallel.check_plain_load(tmp_path / "wrapped.pt", "small_cnn").startswith("Not yet: ")
-    torch.save(wrapped.module.state_dict(), tmp_path / "plain.pt")
-    assert dataparallel.check_plain_load(tmp_path / "plain.pt", "small_cnn").startswith("Done")
-    assert dataparallel.check_plain_load(tmp_path / "plain.pt", "small_cnn_gn").startswith("Not yet: the plain")
+    wrapped, path = nn.DataParallel(build("small_cnn")), tmp_path / "weights.pt"
+
+    def check(saved, model="small_cnn"):
+        torch.save(saved, path)
+        verdict = dataparallel.check_plain_load(path, model, wrapped)
+        assert str(verdict).startswith("Done: " if verdict.done else "Not yet: ")
+        return verdict
+
+    assert check(wrapped.module.state_dict()).done  # the solution
+    assert check({name.removeprefix("module."): value for name, value in wrapped.state_dict().items()}).done
+    assert "begin with 'module.'" in check(wrapped.state_dict()).text  # the cell as it is
+    assert "not the weights of the model you wrapped" in check(build("small_cnn").state_dict()).text
+    assert "more than tensors" in check(wrapped.module).text  # the whole model object
+    assert "refuses these weights" in check(wrapped.module.state_dict(), "small_cnn_gn").text
+
+
+def test_the_bus_bandwidth_check_names_what_a_wrong_factor_did():
+    from course_utils.lessons import scaling
+
+    measured = pd.DataFrame({"bytes": [1e6, 1e8], "seconds": [1e-3, 5e-2], "world_size": 2})
+    measured["algorithm_gb_per_s"] = measured["bytes"] / measured["seconds"] / 1e9
+
+    def check(factor):
+        verdict = scaling.check_bus_bandwidth(lambda size, seconds, ranks: size / seconds / 1e9 * factor(ranks),
+                                              measured)
+        assert str(verdict).startswith("Done: " if verdict.done else "Not yet: ")
+        return verdict
+
+    assert check(lambda n: 2 * (n - 1) / n).done
+    assert "the algorithm bandwidth, bytes over time, unchanged" in check(lambda n: 1.0).text
+    assert "(n-1)/n" in check(lambda n: (n - 1) / n).text
+    assert "GiB" in check(lambda n: 2 * (n - 1) / n * 1e9 / 2**30).text
+    assert not check(lambda n: 2.0).done
 
 
 def test_the_capstone_answer_compares_means_and_calls_an_impossible_efficiency_disturbed():

@@ -1,0 +1,203 @@
+"""The checks of the exercises whose script is launched with torchrun (notebooks 07, 09 and 11), fed what
+learners do, on real gloo ranks: the notebook's own script changed as the solution changes it, a right
+answer written another way, the script left as it was, typical wrong edits, a typo that crashes the ranks
+right after a successful attempt, and a stale record. The scripts are the ones the notebooks' ``%%writefile``
+cells write; the checks are called as the exercise cells call them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from course_utils.lessons import ddp, memory_ladder, model_parallel
+from course_utils.lessons.exercises import Check
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # every test here starts torchrun and its ranks
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+CRASHED = "your script failed on rank"
+
+
+def _script(notebook: str, first_line: str) -> str:
+    """The script the notebook's ``%%writefile`` cell whose script begins with ``first_line`` writes."""
+    for cell in json.loads((NOTEBOOKS / notebook).read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.startswith("%%writefile"):
+            script = source.split("\n", 1)[1]
+            if script.startswith(first_line):
+                return script
+    raise AssertionError(f"no %%writefile cell of {notebook} writes a script beginning {first_line!r}")
+
+
+def _edited(script: str, *replacements: tuple[str, str]) -> str:
+    for old, new in replacements:
+        assert old in script, f"the notebook's script no longer holds {old!r}"
+        script = script.replace(old, new)
+    return script
+
+
+def _not_yet(check: Check, *said: str) -> None:
+    assert isinstance(check, Check) and not check.done and str(check).startswith("Not yet: "), str(check)
+    for words in said:
+        assert words in check.text, str(check)
+
+
+def _done(check: Check) -> None:
+    assert isinstance(check, Check) and check.done and str(check).startswith("Done: "), str(check)
+
+
+# --- 07: set_epoch ---------------------------------------------------------------------------------------
+
+DDP_SCRIPT = _script("07_ddp.ipynb", '"""Minimal DDP training')
+SET_EPOCH = "    sampler.set_epoch(epoch)\n"
+
+
+@pytest.fixture
+def ddp_check(tmp_path, tiny_root):
+    """The check as the exercise cell calls it, on the learner's script (written to ``script``) at ci."""
+    script = tmp_path / "ddp_minimal.py"
+    flags = ["--data-dir", str(tiny_root), "--samples", "256", "--model", "small_cnn", "--batch-size", "32",
+             "--workers", "0", "--epochs", "3", "--max-steps", "2", "--device", "cpu"]
+
+    def check(text: str) -> Check:
+        script.write_text(text)
+        return ddp.check_set_epoch_removed(script, 2, flags)
+
+    check.record = script.with_name("ddp_minimal-check.json")
+    return check
+
+
+def test_set_epoch_removed_is_done_and_a_typo_after_it_is_a_failed_launch_not_the_earlier_record(ddp_check):
+    _done(ddp_check(_edited(DDP_SCRIPT, (SET_EPOCH, ""))))
+    assert ddp_check.record.is_file()
+    crashed = ddp_check(_edited(DDP_SCRIPT, ("sampler.set_epoch(epoch)", "sampler.set_epock(epoch)")))
+    _not_yet(crashed, CRASHED, "Nothing was judged")
+    assert not ddp_check.record.exists(), "the earlier attempt's record must be gone before the launch"
+
+
+def test_set_epoch_to_zero_is_a_right_answer_written_another_way(ddp_check):
+    _done(ddp_check(_edited(DDP_SCRIPT, ("sampler.set_epoch(epoch)", "sampler.set_epoch(0)"))))
+
+
+def test_the_script_as_it_was_is_not_yet_and_says_the_script_that_ran_still_calls_set_epoch(ddp_check):
+    _not_yet(ddp_check(DDP_SCRIPT), "each epoch began with a new order", "still calls `sampler.set_epoch(epoch)`")
+
+
+def test_no_shuffle_with_set_epoch_kept_repeats_the_order_but_is_not_yet(ddp_check):
+    _not_yet(ddp_check(_edited(DDP_SCRIPT, ("shuffle=True", "shuffle=False"))), "does not shuffle at all")
+
+
+def test_another_seed_without_set_epoch_is_not_yet(ddp_check):
+    _not_yet(ddp_check(_edited(DDP_SCRIPT, (SET_EPOCH, ""), ("seed=0", "seed=1"))), "not with the order seed 0")
+
+
+def test_a_stale_record_is_never_read_when_the_script_writes_none(ddp_check):
+    _done(ddp_check(_edited(DDP_SCRIPT, (SET_EPOCH, ""))))
+    stale = ddp_check.record.read_text()
+    silent = _edited(DDP_SCRIPT, (SET_EPOCH, ""), ("if rank == 0 and args.out:", "if False:"))
+    _not_yet(ddp_check(silent), "wrote nothing")
+    assert not ddp_check.record.exists() and stale
+
+
+# --- 09: fewer, larger groups ----------------------------------------------------------------------------
+
+FSDP_SCRIPT = _script("09_sharding_and_memory.ipynb", '"""Minimal FSDP2')
+BLOCKS = "blocks_to_shard = list(model)[:-1]"
+FIRST_ALONE = (BLOCKS, "blocks_to_shard = list(model)[:1]")
+
+
+@pytest.fixture
+def fsdp_check(tmp_path):
+    script = tmp_path / "fsdp_minimal.py"
+
+    def check(text: str) -> Check:
+        script.write_text(text)
+        return memory_ladder.check_fewer_groups(script, 2, ["--device", "cpu"])
+
+    check.record = script.with_name("fsdp_minimal-check.json")
+    return check
+
+
+def test_only_the_first_block_alone_is_done_and_a_typo_after_it_is_a_failed_launch(fsdp_check):
+    _done(fsdp_check(_edited(FSDP_SCRIPT, FIRST_ALONE)))
+    _not_yet(fsdp_check(_edited(FSDP_SCRIPT, FIRST_ALONE,
+                                ("fully_shard(block)", "fully_shard(blok)"))), CRASHED, "Nothing was judged")
+    assert not fsdp_check.record.exists()
+
+
+def test_the_first_block_named_another_way_is_done(fsdp_check):
+    _done(fsdp_check(_edited(FSDP_SCRIPT, (BLOCKS, "blocks_to_shard = [model[0]]"))))
+
+
+def test_the_script_as_it_was_is_not_yet_without_telling_to_do_what_was_done(fsdp_check):
+    check = fsdp_check(FSDP_SCRIPT)
+    _not_yet(check, "every block is still a group of its own", "If you changed that line")
+    assert "Put only the first block" not in check.text
+
+
+@pytest.mark.parametrize("edits, said", [
+    ([(BLOCKS, "blocks_to_shard = []")], "one group holds the whole model"),
+    ([(BLOCKS, "blocks_to_shard = list(model)[:2]")], "the exercise asks for two"),
+    ([FIRST_ALONE, ("fully_shard(model)\n", "")], "some layers are in no group"),
+], ids=["no block alone", "two blocks alone", "root not sharded"])
+def test_other_groupings_are_not_yet_and_say_what_the_script_did(fsdp_check, edits, said):
+    _not_yet(fsdp_check(_edited(FSDP_SCRIPT, *edits)), said)
+
+
+def test_a_stale_fsdp_record_is_never_read(fsdp_check):
+    _done(fsdp_check(_edited(FSDP_SCRIPT, FIRST_ALONE)))
+    silent = _edited(FSDP_SCRIPT, FIRST_ALONE,
+                     ("if rank == 0 and args.out:", "if False:"))
+    _not_yet(fsdp_check(silent), "wrote nothing")
+
+
+# --- 11: the collective the backward pass needs ------------------------------------------------------------
+
+TP_SCRIPT = _script("11_tensor_and_pipeline_parallel.ipynb", '"""One MLP block split over the ranks by hand')
+BACKWARD_ALL_REDUCE = "        grad = grad.clone()\n        dist.all_reduce(grad)\n        return grad\n"
+FORWARD_ALL_REDUCE = "        partial = partial.clone()\n        dist.all_reduce(partial)\n        return partial\n"
+
+
+@pytest.fixture
+def tp_check(tmp_path):
+    script, results = tmp_path / "tp_by_hand.py", tmp_path / "exercise"
+    results.mkdir()
+
+    def check(text: str) -> Check:
+        script.write_text(text)
+        return model_parallel.check_backward_collective(script, results, "cpu")
+
+    check.results = results
+    return check
+
+
+def test_the_backward_all_reduce_taken_out_is_done_and_a_typo_after_it_is_a_failed_launch(tp_check):
+    _done(tp_check(_edited(TP_SCRIPT, (BACKWARD_ALL_REDUCE, "        return grad\n"))))
+    assert sorted(path.name for path in tp_check.results.iterdir()) == ["rank0.pt", "rank1.pt"]
+    _not_yet(tp_check(_edited(TP_SCRIPT, ("dist.all_reduce(grad)", "dist.allreduce(grad)"))), CRASHED)
+    assert not any(tp_check.results.iterdir()), "the earlier attempt's files must be gone before the launch"
+
+
+def test_only_the_all_reduce_line_deleted_is_done(tp_check):
+    _done(tp_check(_edited(TP_SCRIPT, ("        dist.all_reduce(grad)\n", ""))))
+
+
+def test_the_script_as_it_was_is_not_yet(tp_check):
+    _not_yet(tp_check(TP_SCRIPT), "every tensor still matches the whole block", "If you took that all-reduce out")
+
+
+@pytest.mark.parametrize("edit, said", [
+    ((FORWARD_ALL_REDUCE, "        return partial\n"), "your change reached the forward pass"),
+    ((BACKWARD_ALL_REDUCE, "        return torch.zeros_like(grad)\n"), "not each rank's own share"),
+    ((BACKWARD_ALL_REDUCE, "        return 2 * grad\n"), "not each rank's own share"),
+], ids=["forward all-reduce instead", "zeros", "scaled"])
+def test_other_collective_edits_are_not_yet(tp_check, edit, said):
+    _not_yet(tp_check(_edited(TP_SCRIPT, edit)), said)
+
+
+def test_a_stale_rank_file_is_never_read(tp_check):
+    _done(tp_check(_edited(TP_SCRIPT, (BACKWARD_ALL_REDUCE, "        return grad\n"))))
+    silent = _edited(TP_SCRIPT, (BACKWARD_ALL_REDUCE, "        return grad\n"), ("torch.save(", "(lambda *_: None)("))
+    _not_yet(tp_check(silent), "wrote nothing")
