@@ -2,8 +2,9 @@
 
 The notebook writes a minimal DDP script from a cell and launches it with torchrun; rank 0 writes what
 it saw (every epoch's first samples and every iteration's time) to a JSON file, which the functions
-here read: whether every epoch saw the same order (the ``set_epoch`` exercise), and whether the
-script and the course's command ran at the same speed within the spread measured in the notebook.
+here read: whether every epoch began with the order the sampler gives without ``set_epoch`` (the
+exercise, judged against ``DistributedSampler`` itself), and whether the script and the course's
+command ran at the same speed within the spread measured in the notebook.
 The rest trains for real: DDP against one large batch, DDP's knobs, its communication, a preempted run.
 """
 
@@ -57,16 +58,6 @@ def read_record(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is not there: run the cell that launches the script (with --out {path})")
     return json.loads(path.read_text())
-
-
-def epoch_orders(record: dict[str, Any]) -> pd.DataFrame:
-    """Each epoch's first samples on rank 0, and whether they are the order of the epoch before."""
-    rows, previous = [], None
-    for epoch in record["epochs"]:
-        rows.append({"epoch": epoch["epoch"], "first_samples": epoch["first_samples"],
-                     "same_as_previous_epoch": None if previous is None else epoch["first_samples"] == previous})
-        previous = epoch["first_samples"]
-    return pd.DataFrame(rows)
 
 
 def sampler_order(samples: int, world: int, epoch: int, count: int, shuffle: bool = True) -> list[int]:
