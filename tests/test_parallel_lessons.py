@@ -104,7 +104,8 @@ def test_gpu_reference_rows_are_shown_only_where_a_gpu_recorded_them(tmp_path, m
     assert list(rows["device"]) == ["NVIDIA H100 80GB HBM3"]
 
 
-@pytest.mark.parametrize("notebook", ["06_dataparallel", "07_ddp", "08_multinode_scaling", "09_sharding_and_memory"])
+@pytest.mark.parametrize("notebook", ["06_dataparallel", "07_ddp", "08_multinode_scaling", "09_sharding_and_memory",
+                                      "11_tensor_and_pipeline_parallel"])
 def test_every_parallel_notebook_has_a_code_exercise_whose_collapsed_solution_nbval_runs(notebook):
     """nbval runs the notebooks as committed, so a solution cell that runs there cannot rot unnoticed."""
     cells = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
