@@ -27,6 +27,7 @@ import torch
 
 from course_utils.atomic_files import write_atomic
 from course_utils.run_folder import LAST_CHECKPOINT
+from course_utils.shared_folders import PlantedLink, make_folder
 from course_utils.training import shard_files
 
 SHARDED_SUFFIX = ".dcp"  # a folder of shards written by torch.distributed.checkpoint
@@ -82,7 +83,7 @@ def _step_checkpoints(folder: Path) -> list[Path]:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():  # a link goes, not what it points to
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
@@ -109,9 +110,11 @@ def check_writable(folder: Path) -> None:
     """Fail before the first step, not at the first checkpoint, when ``folder`` cannot take checkpoints."""
     folder = Path(folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folder(folder)
         with tempfile.TemporaryFile(dir=folder):
             pass
+    except PlantedLink:
+        raise
     except OSError as error:
         raise OSError(error.errno, f"checkpoints cannot be written in {folder} ({error.strerror}); make it a "
                       "writable folder or choose another --out") from error
