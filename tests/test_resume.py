@@ -1,5 +1,6 @@
 """Nothing lost: runs killed at arbitrary moments, or asked to stop by a signal, resume bit for bit."""
 
+import json
 import math
 import os
 import re
@@ -231,6 +232,35 @@ def test_resuming_a_finished_run_says_so(quick):
     train(**{**quick, "max_steps": 2})
     with pytest.raises(ValueError, match="finished run"):
         train(**{**quick, "max_steps": 2}, resume="auto")
+
+
+def test_a_run_whose_summary_was_lost_at_its_last_step_gets_it_from_resume_auto(quick, capsys):
+    """A full disk when ``summary.json`` is written leaves the folder as below (the write is atomic: no file);
+    what the error and a plain rerun advise, ``--resume auto``, writes it without training again."""
+    finished = train(**quick)
+    folder = RunFolder(quick["out"])
+    folder.summary.unlink()
+    assert main(to_flags(**quick)) == 1
+    assert "continue it with --resume auto" in capsys.readouterr().err
+    summary = train(**quick, resume="auto")
+    assert "nothing left to train" in capsys.readouterr().out
+    assert json.loads(folder.summary.read_text())["steps"] == summary["steps"] == finished["steps"]
+    for name in ("final_train_loss", "test_loss", "test_top1", "epoch_seconds", "first_epoch_seconds"):
+        assert summary[name] == finished[name], name
+    assert summary["resumed_from"] == str(folder.last_checkpoint) and summary["images_per_second"] != summary[
+        "images_per_second"]  # NaN: this process timed no step, it reports none
+    with pytest.raises(ValueError, match="finished run"):  # and now it is finished
+        train(**quick, resume="auto")
+
+
+def test_a_run_at_its_last_step_without_its_last_epoch_s_record_says_what_is_lost(quick):
+    train(**quick)
+    folder = RunFolder(quick["out"])
+    folder.summary.unlink()
+    records = folder.metrics.read_text().splitlines()
+    folder.metrics.write_text("\n".join(records[:-1]) + "\n")  # the disk filled at the last epoch's record
+    with pytest.raises(ValueError, match="its last epoch's record and its summary were never written.*--overwrite"):
+        train(**quick, resume="auto")
 
 
 def test_a_diverging_run_stops_at_its_step_and_keeps_the_last_good_checkpoint(quick):
