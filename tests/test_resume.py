@@ -189,8 +189,8 @@ def test_a_damaged_checkpoint_named_on_the_command_line_is_one_clear_line(quick,
     flags = to_flags(**{**quick, "max_steps": 4}, resume=str(last))
     assert main(flags) == 1
     error = capsys.readouterr().err.strip()
-    assert error == f"error: {last} is damaged: 0 bytes that are not a whole PyTorch checkpoint (truncated or " \
-                    "overwritten)"
+    assert error == f"error: {last} is damaged: 0 bytes that are not a whole PyTorch checkpoint (truncated, " \
+                    "overwritten, or not a checkpoint at all)"
 
 
 @pytest.mark.slow
@@ -261,6 +261,42 @@ def test_a_run_at_its_last_step_without_its_last_epoch_s_record_says_what_is_los
     folder.metrics.write_text("\n".join(records[:-1]) + "\n")  # the disk filled at the last epoch's record
     with pytest.raises(ValueError, match="its last epoch's record and its summary were never written.*--overwrite"):
         train(**quick, resume="auto")
+
+
+@pytest.mark.parametrize(("change", "told"), [
+    (lambda state: state.pop("config"), "no config"),
+    (lambda state: state.update(ranks=[]), "its ranks list holds 0 entries for a world size of 1"),
+    (lambda state: state.update(epoch="3"), "its epoch is not a whole number"),
+    (lambda state: state["config"].pop("batch_size"), "its config has no batch_size"),
+])
+def test_a_checkpoint_that_loads_but_lacks_what_a_resume_reads_is_one_clear_line(quick, capsys, change, told):
+    train(**{**quick, "max_steps": 2}, checkpoint_every=1)
+    folder = RunFolder(quick["out"])
+    state = checkpoint.load(folder.last_checkpoint)
+    change(state)
+    torch.save(state, folder.last_checkpoint)  # changed by hand, or written by another program
+    assert main(to_flags(**{**quick, "max_steps": 4}, resume=str(folder.last_checkpoint))) == 1
+    error = capsys.readouterr().err.strip()
+    assert error == (f"error: {folder.last_checkpoint} loads but is not a whole checkpoint of this course's training "
+                     f"command ({told}): written by another program or changed by hand; resume from another "
+                     "checkpoint (--resume auto passes over it), or start anew with --overwrite")
+    summary = train(**{**quick, "max_steps": 4}, resume="auto")  # what --resume auto does: the step file before it
+    assert summary["resumed_from"] == str(checkpoint.step_path(folder.checkpoints, 2))
+    assert f"skipped a checkpoint: {folder.last_checkpoint} loads but is not a whole checkpoint" in capsys.readouterr(
+        ).out
+
+
+def test_a_checkpoint_past_the_end_of_this_run_s_epoch_says_the_data_differ(quick, capsys):
+    train(**{**quick, "max_steps": 6})  # 8 steps per epoch: stopped 6 steps into the first
+    last = RunFolder(quick["out"]).last_checkpoint
+    state = checkpoint.load(last)
+    state["epoch_step"] = 20  # as a run on more data would have written it
+    torch.save(state, last)
+    assert main(to_flags(**{**quick, "max_steps": 10}, resume="auto")) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"error: {last} stopped 20 steps into epoch 1, but an epoch of this run has 8 steps: its training data is "
+        f"smaller than the data of the run that wrote it (--data-dir {quick['data_dir']}); resume on the same data, "
+        "or start a new run with another --out")
 
 
 def test_a_diverging_run_stops_at_its_step_and_keeps_the_last_good_checkpoint(quick):

@@ -98,6 +98,12 @@ class Loop:
     def _resume(self) -> None:
         resumed = self.state.resume(self.cfg.resume) if self.cfg.resume else None
         self.position = resumed or self.position
+        if resumed is not None and resumed.epoch_step >= self.plan.steps_per_epoch:
+            raise ValueError(
+                f"{self.state.resumed_from} stopped {resumed.epoch_step} steps into epoch {resumed.epoch + 1}, but an "
+                f"epoch of this run has {self.plan.steps_per_epoch} steps: its training data is smaller than the "
+                f"data of the run that wrote it (--data-dir {self.cfg.data_dir}); resume on the same data, or start "
+                "a new run with another --out")
         if self.position.step < self.plan.total_steps:
             return
         # At the last step: a run whose summary was lost (a full disk as it was written) gets it now, from the
