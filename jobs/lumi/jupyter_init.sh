@@ -41,4 +41,5 @@ else
   source "$COURSE_VENV/bin/activate"
 fi
 unset course_root
+unset -f course_new_private_folder course_private_folder
 echo "course environment: $(command -v python) (COURSE_CONTAINER=${COURSE_CONTAINER:-none}, venv $COURSE_VENV)"

@@ -7,7 +7,8 @@
 # folder found under it only when it is this user's, mode 700 and not a link.
 # Sourced into other scripts: functions only, no `exit`, no `set -e`.
 
-# course_new_private_folder LABEL: make a new private folder in ${TMPDIR:-/tmp} and print its path.
+# course_new_private_folder LABEL: make a new private folder in ${TMPDIR:-/tmp} and print its path (in TMPDIR when
+# it is set, as mktemp and the guide do: keep it on the node, since MIOpen's locks fail on Lustre).
 course_new_private_folder() {
   mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXXXXXX"
 }

@@ -59,7 +59,7 @@ def open_file(path: Path, mode: str = "w") -> IO:
     path = Path(path)
     if mode.replace("b", "") not in ("w", "a", "a+"):
         raise ValueError(f"open_file: mode {mode!r} is not w, a or a+")
-    flags = os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)  # Windows has neither
     flags |= os.O_RDWR if "+" in mode else os.O_WRONLY
     if mode.startswith("w"):
         flags |= os.O_EXCL
