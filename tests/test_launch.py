@@ -143,15 +143,16 @@ def test_a_launch_without_a_limit_takes_the_course_sizes(monkeypatch):
 
 def test_loader_workers_are_not_counted_as_ranks():
     """What the launcher's message names: processes that carry RANK, less those whose parent carries it too
-    (a DataLoader worker inherits its rank's environment), here real processes under a stand-in torchrun."""
+    (a DataLoader worker inherits its rank's environment), here real processes under a stand-in torchrun that
+    carries a RANK of its own (a kernel started inside another job)."""
     script = "RANK=0 sleep 60 & RANK=1 bash -c 'sleep 60 & sleep 60 & wait' & wait"
-    process = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    process = subprocess.Popen(["bash", "-c", script], start_new_session=True, env={**os.environ, "RANK": "7"})
     try:
         deadline = time.monotonic() + 30
         while len(children := psutil.Process(process.pid).children(recursive=True)) < 4:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        found = launched_processes.ranks(children, process.pid)
+        found = launched_processes.ranks([psutil.Process(process.pid), *children], {process.pid})
         assert sorted(found.values()) == [0, 1]
         assert {psutil.Process(pid).ppid() for pid in found} == {process.pid}
         assert sorted(launched_processes.ranks(children).values()) == [0, 1]  # torchrun gone: the same ranks

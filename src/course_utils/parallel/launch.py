@@ -141,33 +141,24 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
     timeout_seconds = _checked_limit(time_limit() if timeout_seconds is None else timeout_seconds)
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="torchrun-"))
     command = torchrun_command(nproc, module, args, log_dir, max_restarts)
-    marker = launched_processes.new_marker()
+    launched = launched_processes.Launch()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                               start_new_session=True, env={**os.environ, **(env or {}), **marker})
+                               start_new_session=True, env={**os.environ, **(env or {}), **launched.marker})
+    launched.started.append(process)
     result = LaunchResult(returncode=-1)
     # A thread forwards the output, so that the wait below can time out even while the ranks are silent.
     reader = threading.Thread(target=_forward, args=(process.stdout, result.lines, echo), daemon=True)
     reader.start()
-    ended = False
-
-    def end_all() -> launched_processes.Ending:
-        nonlocal ended
-        ended = True
-        return launched_processes.end(process, marker[launched_processes.MARKER], last_lines(log_dir))
-
     try:
         result.returncode = process.wait(timeout=timeout_seconds)
     except subprocess.TimeoutExpired:
-        raise TimeoutError(f"torchrun ran past its limit of {timeout_seconds:g} s, and was ended: {end_all()} (the "
-                           f"logs are in {log_dir})") from None
+        raise TimeoutError(f"torchrun ran past its limit of {timeout_seconds:g} s, and was ended: "
+                           f"{launched.end(last_lines(log_dir))} (the logs are in {log_dir})") from None
     except KeyboardInterrupt:
-        print(f"interrupted: {end_all()} (the logs are in {log_dir})", file=sys.stderr)
+        print(f"interrupted: {launched.end(last_lines(log_dir))} (the logs are in {log_dir})", file=sys.stderr)
         raise
     finally:
-        if not ended:  # torchrun exited, or this process failed: what it left behind goes too
-            ending = end_all()
-            if ending.killed or ending.others_killed or ending.left:
-                print(f"torchrun left processes of its launch running: {ending}", file=sys.stderr)
+        launched.end_leftovers()
         reader.join(timeout=10)
         process.stdout.close()
     result.rank_logs = _rank_logs(log_dir)

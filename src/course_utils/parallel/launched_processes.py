@@ -1,4 +1,5 @@
-"""Every process of one torchrun launch, found and ended together (notebooks 06-09, through :mod:`.launch`).
+"""Every process of one torchrun launch, found and ended together (notebooks 06-09: through :mod:`.launch`, and
+08's cloud VMs).
 
 torchrun starts each rank in a session of its own, so a signal to torchrun's process group reaches neither
 the ranks nor their DataLoader workers, and a rank left behind runs on (until its process group's timeout, or
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterable
@@ -30,11 +32,6 @@ POLL_SECONDS = 0.05
 STATES = {psutil.STATUS_SLEEPING: "waiting", psutil.STATUS_DISK_SLEEP: "waiting for the disk",
           psutil.STATUS_STOPPED: "stopped (SIGSTOP or Ctrl-Z)", psutil.STATUS_TRACING_STOP: "stopped by a debugger",
           psutil.STATUS_ZOMBIE: "exited"}
-
-
-def new_marker() -> dict[str, str]:
-    """The environment variable that marks the processes of one new launch."""
-    return {MARKER: uuid.uuid4().hex}
 
 
 @dataclass(frozen=True)
@@ -90,27 +87,29 @@ def _environment(process: psutil.Process) -> dict[str, str]:
         return {}
 
 
-def find(launch_id: str, torchrun: subprocess.Popen) -> list[psutil.Process]:
-    """The processes of one launch: those marked with ``launch_id`` and, while torchrun has not been reaped (its
-    pid cannot belong to another process yet), its descendants, which a rank that set its own environment would
-    otherwise hide."""
+def find(launch_id: str, started: list[subprocess.Popen]) -> list[psutil.Process]:
+    """The processes of one launch: those marked with ``launch_id`` and the descendants of the launchers in
+    ``started`` (torchrun) not reaped yet (until then their pids cannot belong to other processes), which a
+    rank that set its own environment would otherwise hide."""
     found: dict[int, psutil.Process] = {}
     for process in psutil.process_iter():
         if _same_user(process) and _environment(process).get(MARKER) == launch_id:
             found[process.pid] = process
-    if torchrun.returncode is None:
-        try:
-            top = psutil.Process(torchrun.pid)
-            found.update({process.pid: process for process in [top, *top.children(recursive=True)]})
-        except psutil.Error:
-            pass
+    for launcher in started:
+        if launcher.returncode is None:
+            try:
+                top = psutil.Process(launcher.pid)
+                found.update({process.pid: process for process in [top, *top.children(recursive=True)]})
+            except psutil.Error:
+                continue
     return [process for process in found.values() if _running(process)]
 
 
-def ranks(processes: Iterable[psutil.Process], torchrun: int | None = None) -> dict[int, int]:
-    """pid -> rank of the ranks among ``processes``: those that carry ``RANK`` and whose parent is ``torchrun``
-    (its pid, while it runs) or, when torchrun is gone, a process without ``RANK``. A DataLoader worker inherits
-    its rank's ``RANK`` and is not a rank of its own."""
+def ranks(processes: Iterable[psutil.Process], launchers: set[int] = frozenset()) -> dict[int, int]:
+    """pid -> rank of the ranks among ``processes``: those that carry ``RANK`` and whose parent does not (torchrun,
+    or whoever adopted the rank when torchrun died), or is one of the running ``launchers`` (torchrun's pid, which
+    carries a ``RANK`` of its own when the notebook's kernel has one). A DataLoader worker inherits its rank's
+    ``RANK``, its parent has it too: not a rank of its own."""
     carrying = {}
     for process in processes:
         rank = _environment(process).get("RANK")
@@ -122,7 +121,7 @@ def ranks(processes: Iterable[psutil.Process], torchrun: int | None = None) -> d
             parent = process.ppid()
         except psutil.Error:
             continue
-        if parent == torchrun if torchrun is not None else parent not in carrying:
+        if pid not in launchers and (parent in launchers or parent not in carrying):
             found[pid] = rank
     return found
 
@@ -169,16 +168,17 @@ def _wait(processes: list[psutil.Process], seconds: float) -> list[psutil.Proces
     return alive
 
 
-def end(torchrun: subprocess.Popen, launch_id: str, last_lines: dict[int, str],
+def end(started: list[subprocess.Popen], launch_id: str, last_lines: dict[int, str],
         grace_seconds: float = GRACE_SECONDS) -> Ending:
-    """End every process of the launch: SIGTERM (and SIGCONT), up to ``grace_seconds`` to stop, then SIGKILL.
-    ``last_lines``: rank -> the last line it printed. A Ctrl-C during the grace time goes straight to SIGKILL."""
-    processes = find(launch_id, torchrun)
-    running_torchrun = torchrun.pid if torchrun.poll() is None else None
+    """End every process of the launch whose launchers (torchrun, one per node) are ``started``: SIGTERM (and
+    SIGCONT), up to ``grace_seconds`` to stop, then SIGKILL. ``last_lines``: rank -> the last line it printed. A
+    Ctrl-C during the grace time goes straight to SIGKILL."""
+    processes = find(launch_id, started)
+    launchers = {launcher.pid for launcher in started if launcher.poll() is None}
     by_pid = {process.pid: process for process in processes}
     ending = Ending(grace_seconds=grace_seconds)
     ending.stands = sorted((RankStand(rank, pid, _state(by_pid[pid]), last_lines.get(rank, ""))
-                            for pid, rank in ranks(processes, running_torchrun).items()),
+                            for pid, rank in ranks(processes, launchers).items()),
                            key=lambda stand: stand.rank)
     _signal(processes, signal.SIGTERM)
     _signal(processes, signal.SIGCONT)
@@ -187,15 +187,40 @@ def end(torchrun: subprocess.Popen, launch_id: str, last_lines: dict[int, str],
     except KeyboardInterrupt:  # asked twice: no more waiting
         alive = [process for process in processes if _running(process)]
     # Anything the ranks started meanwhile (a loader's new workers) goes too.
-    alive += [process for process in find(launch_id, torchrun) if process.pid not in by_pid]
+    alive += [process for process in find(launch_id, started) if process.pid not in by_pid]
     if alive:
         stubborn = {process.pid for process in alive}
         ending.killed = [stand for stand in ending.stands if stand.pid in stubborn]
         ending.others_killed = len(stubborn) - len(ending.killed)
         _signal(alive, signal.SIGKILL)
         ending.left = sorted(process.pid for process in _wait(alive, KILL_SECONDS))
-    try:
-        torchrun.wait(timeout=KILL_SECONDS)  # reaped, not left a zombie
-    except subprocess.TimeoutExpired:
-        ending.left = sorted({*ending.left, torchrun.pid})
+    for launcher in started:
+        try:
+            launcher.wait(timeout=KILL_SECONDS)  # reaped, not left a zombie
+        except subprocess.TimeoutExpired:
+            ending.left = sorted({*ending.left, launcher.pid})
     return ending
+
+
+class Launch:
+    """The processes of one launch: :attr:`marker` goes into the environment of its launchers, each appended to
+    :attr:`started`; :meth:`end` ends them all, once."""
+
+    def __init__(self) -> None:
+        self.marker = {MARKER: uuid.uuid4().hex}
+        self.started: list[subprocess.Popen] = []
+        self.ending: Ending | None = None
+
+    def end(self, last_lines: dict[int, str] | None = None) -> Ending:
+        if self.ending is None:
+            self.ending = end(self.started, self.marker[MARKER], last_lines or {})
+        return self.ending
+
+    def end_leftovers(self) -> None:
+        """After the launchers exited (or this process failed): end what they left, saying so when it took
+        SIGKILL (a rank in a session of its own that torchrun could not end)."""
+        if self.ending is not None:
+            return
+        ending = self.end()
+        if ending.killed or ending.others_killed or ending.left:
+            print(f"processes of the launch were left running: {ending}", file=sys.stderr)
