@@ -127,11 +127,11 @@ def test_course_requirements_leave_the_containers_packages_and_constrained_pins_
 HANGS_ON_LUMI = ("NCCL_NET_GDR_LEVEL",)
 
 
-def _lumi_environment(tmp_path: Path) -> dict[str, str]:
+def _lumi_environment(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The variables jobs/lumi/lumi_env.sh leaves set, sourced by bash as a job does (no module command here)."""
     script = checkout_root() / "jobs" / "lumi" / "lumi_env.sh"
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "USER": "learner", "SLURM_SUBMIT_DIR": str(tmp_path),
-           "SLURM_JOB_ID": f"{os.getpid()}", "TMPDIR": str(tmp_path)}
+           "SLURM_JOB_ID": f"{os.getpid()}", "TMPDIR": str(tmp_path), **extra}
     printed = subprocess.run(["bash", "-c", f"set -euo pipefail; source {script}; env -0"], env=env,
                              capture_output=True, text=True, check=True).stdout
     return dict(entry.split("=", 1) for entry in printed.split("\0") if "=" in entry)
@@ -160,6 +160,11 @@ def test_lumi_s_miopen_folder_is_private_and_its_name_cannot_be_guessed(tmp_path
     folders = [Path(env["MIOPEN_USER_DB_PATH"]) for env in environments]
     assert folders[0] != folders[1] and all(folder.parent == tmp_path and _private(folder) for folder in folders)
     assert all(env["MIOPEN_CUSTOM_CACHE_DIR"] == env["MIOPEN_USER_DB_PATH"] for env in environments)
+    kept = tmp_path / "scratch" / "miopen"  # COURSE_MIOPEN_CACHE: the kernels of earlier jobs, copied in
+    kept.mkdir(parents=True, mode=0o755)
+    (kept / "gfx90a.ukdb").write_text("kernels")
+    folder = Path(_lumi_environment(tmp_path, COURSE_MIOPEN_CACHE=str(kept))["MIOPEN_USER_DB_PATH"])
+    assert _private(folder) and (folder / "gfx90a.ukdb").read_text() == "kernels"
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ export MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR=$MIOPEN_USER_DB_PATH
 if [[ -n "${COURSE_MIOPEN_CACHE:-}" ]]; then
   mkdir -p "$COURSE_MIOPEN_CACHE"
   cp -a "$COURSE_MIOPEN_CACHE/." "$MIOPEN_USER_DB_PATH/"
+  chmod 700 "$MIOPEN_USER_DB_PATH"  # cp -a gave it the mode of the cache's folder
   trap 'cp -a "$MIOPEN_USER_DB_PATH/." "$COURSE_MIOPEN_CACHE/" || true' EXIT
 fi
 
