@@ -100,9 +100,11 @@ def _check_tensor_parallel(cfg: TrainOptions, world_size: int) -> None:
     if cfg.tp_size is not None and cfg.distributed not in tensor_parallel.TENSOR_PARALLEL_MODES:
         raise ValueError(f"--tp-size splits each layer over ranks; --distributed is {cfg.distributed}: drop "
                          "--tp-size, or use --distributed tp or fsdp-tp")
+    if cfg.distributed not in tensor_parallel.TENSOR_PARALLEL_MODES:
+        return
     if cfg.distributed == "tp":
         _check_tp(cfg.tp_size, world_size)
-    elif cfg.distributed == "fsdp-tp":
+    else:
         _check_fsdp_tp(tensor_parallel.degree(cfg.distributed, cfg.tp_size, world_size), world_size)
     if cfg.activation_checkpointing or cfg.compile:
         raise ValueError(f"--distributed {cfg.distributed} is tested without --activation-checkpointing and "
