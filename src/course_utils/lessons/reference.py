@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from course_utils import config
+from course_utils.atomic_files import write_text_atomic
 from course_utils.config import checkout_root
 from course_utils.data import cifar, coco
 from course_utils.observe.metrics import json_safe
@@ -123,6 +124,4 @@ def record(benchmark: str, rows: list[dict], device: str, data: str) -> Path:
                      "python": platform.python_version(), "cuda": torch.version.cuda, "hip": torch.version.hip},
         "rows": rows,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(json_safe(result), indent=2) + "\n")
-    return path
+    return write_text_atomic(path, json.dumps(json_safe(result), indent=2) + "\n")

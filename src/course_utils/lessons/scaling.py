@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config
+from course_utils.atomic_files import write_text_atomic
 from course_utils.lessons.data_parallel import SCRATCH, measured_rate, run_ranks
 from course_utils.observe.metrics import load_run
 from course_utils.observe.noise import DISTURBED, compare
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --ranks to run a study here, or --collect with finished runs")
     print(result.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.csv:
-        result.to_csv(args.csv, index=False)
+        write_text_atomic(Path(args.csv), result.to_csv(index=False))
     return 0
 
 
