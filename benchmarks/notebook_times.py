@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     root = config.checkout_root()
+    table = root / "benchmarks" / "results" / notebook_times.TABLE
     os.environ.update(COURSE_SIZE=args.size, COURSE_INTERACTIVE="0")  # the kernels inherit both
     machine, gpus, cores = notebook_times.this_machine(args.machine)
     commit, versions = notebook_times.course_commit(), notebook_times.versions()
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         notebook_times.record([NotebookTime(
             notebook=notebook.stem, size=args.size, machine=machine, gpus=gpus, cpu_cores=cores, seconds=seconds,
             other_load=other, busy=notebook_times.busy(other), date=notebook_times.today(), commit=commit,
-            **versions)])
+            **versions)], table)
         load = "unknown" if other is None else f"{other:.2f} of {cores} cores"
         print(f"{notebook.stem}: {time_lines.duration(seconds)} ({seconds:.1f} s); other work: {load}", flush=True)
     for path in time_lines.rewrite(root):
