@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     table = root / "benchmarks" / "results" / notebook_times.TABLE
     os.environ.update(COURSE_SIZE=args.size, COURSE_INTERACTIVE="0")  # the kernels inherit both
     machine, gpus, cores = notebook_times.this_machine(args.machine)
-    commit, versions = notebook_times.course_commit(), notebook_times.versions()
+    commit, versions = notebook_times.course_commit(), notebook_times.versions(gpus)
     failed = []
     for notebook in chosen(args.notebooks, root / "notebooks"):
         print(f"{notebook.stem} at {args.size} on {machine} ...", flush=True)

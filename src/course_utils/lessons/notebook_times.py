@@ -41,7 +41,7 @@ class NotebookTime:
     torch: str
     torchvision: str
     python: str
-    runtime: str  # "CUDA 13.0", "HIP 6.4...", or "" on CPU
+    runtime: str  # "CUDA 13.0", "HIP 6.4..." on GPUs; "" without (the torch version names its build)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -129,12 +129,13 @@ def this_machine(label: str | None = None) -> tuple[str, int, int]:
     return label or described, len(accelerator.gpus), cores
 
 
-def versions() -> dict[str, str]:
+def versions(gpus: int) -> dict[str, str]:
+    """The versions a row records; the GPU runtime only where the notebooks had GPUs to run on."""
     import torch
     import torchvision
 
-    runtime = (f"CUDA {torch.version.cuda}" if torch.version.cuda
-               else f"HIP {torch.version.hip}" if torch.version.hip else "")
+    runtime = (f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
+               if torch.version.cuda else "") if gpus else ""
     return {"torch": torch.__version__, "torchvision": torchvision.__version__,
             "python": platform.python_version(), "runtime": runtime}
 
