@@ -17,6 +17,7 @@ import pandas as pd
 from course_utils import config
 from course_utils.devices import default_device, device_name
 from course_utils.lessons import data_loading, reference, triage
+from course_utils.observe.noise import Measurement
 
 RATES = ["io", "synthetic", "full"]
 KNOBS = ["workers", "pin_memory", "persistent_workers", "prefetch_factor"]
@@ -37,9 +38,9 @@ def summarize(rounds: pd.DataFrame) -> pd.DataFrame:
             rows.append({"loader": loader, "verdict": runs["verdict"].iloc[0]})
             continue
         medians = ran[RATES].median()
-        ratio = ran["full_over_synthetic"]
-        rows.append({"loader": loader, **medians.to_dict(), "full_over_synthetic": ratio.median(),
-                     "full_over_synthetic_min": ratio.min(), "full_over_synthetic_max": ratio.max(),
+        ratio = Measurement.of(ran["full_over_synthetic"])
+        rows.append({"loader": loader, **medians.to_dict(), "full_over_synthetic": ratio.median,
+                     "full_over_synthetic_spread": ratio.spread,
                      "loading_us_per_image": triage.loading_cost_us(medians["full"], medians["synthetic"]),
                      "rounds": len(ran), "verdict": triage.judge(*medians[RATES])[0]})
     return pd.DataFrame(rows)

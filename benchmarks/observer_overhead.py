@@ -10,10 +10,10 @@ the medians of steady-state images per second. Goal for the monitor: <= 1 % slow
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 
 from course_utils.lessons import reference
+from course_utils.observe.noise import Measurement, compare, spread_text
 from course_utils.train import train
 
 MODES = {"plain": {}, "monitor": {"monitor": "auto", "monitor_interval": 0.5}, "trace": {"trace": "TRACE"}}
@@ -38,15 +38,16 @@ def main() -> None:
             rate, device = run(mode, args.steps)
             rates[mode].append(rate)
         print(f"repeat {repeat + 1}: " + ", ".join(f"{mode} {values[-1]:.1f}" for mode, values in rates.items()))
-    plain = statistics.median(rates["plain"])
+    plain = Measurement.of(rates["plain"])
     rows = []
     for mode, values in rates.items():
-        median = statistics.median(values)
-        cost = 100 * (plain / median - 1)
-        rows.append({"mode": mode, "steps": args.steps, "repeats": args.repeats, "images_per_second": median,
-                     "runs": values, "cost_percent": cost})
-        print(f"{mode:>8}: median {median:.1f} images/s, cost {cost:+.2f} % "
-              f"(runs spread {min(values):.1f}..{max(values):.1f})")
+        measured = Measurement.of(values)
+        cost = compare(plain, measured)  # plain over this mode: above 1 where observing costs
+        rows.append({"mode": mode, "steps": args.steps, "repeats": args.repeats, "images_per_second": measured.median,
+                     "spread": measured.spread, "runs": values, "cost_percent": 100 * (cost.ratio - 1),
+                     "verdict": cost.verdict})
+        print(f"{mode:>8}: median {measured.median:.1f} images/s ({spread_text(measured)}); plain over it: "
+              f"{cost.ratio:.3f}x, {cost.verdict}")
     print(f"recorded in {reference.record('observer_overhead', rows, device, reference.data_used())}")
 
 

@@ -1,8 +1,8 @@
 """Record notebook 05's precision-and-compilation progression on this machine.
 
 The whole progression runs several times (rounds); each stage's images/s is the median over the
-rounds, with the spread, and the speed-up is the median's over the fp32 median. Compilation is
-paid in the first round only (inductor's cache), which the first-iteration column shows.
+rounds, with its spread (the course's one notion of noise), and the speed-up is the median's over the
+fp32 median. Compilation is paid in the first round only (inductor's cache), which the first-iteration column shows.
 
     COURSE_SIZE=workshop python benchmarks/progression.py [--rounds 3]   # on a GPU: tuned vs fp32, goal >= 5x
 """
@@ -19,14 +19,18 @@ from course_utils import config
 from course_utils.devices import default_device, device_name
 from course_utils.lessons import reference
 from course_utils.lessons.precision import run_progression, stage_epochs
+from course_utils.observe.noise import Measurement
 
 
 def summarize(rounds: list[pd.DataFrame]) -> pd.DataFrame:
-    """The first round's table with images/s and speed-up replaced by medians over all rounds."""
-    table = rounds[0].drop(columns=["run"], errors="ignore").copy()
+    """The first round's table with images/s and speed-up replaced by medians over all rounds, and each stage's
+    spread over the rounds (:mod:`course_utils.observe.noise`)."""
+    table = rounds[0].drop(columns=["run", "measured"], errors="ignore").copy()
     rates = pd.concat([r["images_per_second"] for r in rounds], axis=1)
-    table["images_per_second"] = rates.median(axis=1)
-    table["images_per_second_min"], table["images_per_second_max"] = rates.min(axis=1), rates.max(axis=1)
+    measured = [Measurement.of(row) for row in rates.itertuples(index=False)]
+    table["images_per_second"] = [m.median for m in measured]
+    table["spread"] = [m.spread for m in measured]  # unknown (NaN) with fewer than 3 rounds
+    table["rates"] = [list(row) for row in rates.itertuples(index=False)]  # each round's, for later readings
     table["speedup"] = table["images_per_second"] / table["images_per_second"].iloc[0]
     table["rounds"] = rates.notna().sum(axis=1)
     return table

@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 from course_utils import config, devices
 from course_utils.data.datasets import SyntheticImages
 from course_utils.lessons.exercises import Check
-from course_utils.lessons.noise import DISTURBED
 from course_utils.lessons.triage import BALANCE, loading_cost_us, triage
+from course_utils.observe.noise import DISTURBED_CAUSE
 from course_utils.observe.profiling import NO_RANGES
 from course_utils.training.options import TrainOptions
 from course_utils.training.setup import Setup, prepare
@@ -176,7 +176,7 @@ def loaders_answer(comparison: pd.DataFrame, best_setting: dict) -> str:
         if row.full_over_synthetic > 1 + BALANCE:
             lines.append(f"- **{row.loader}**: a **disturbed measurement**: training with the loader measured "
                          f"{row.full_over_synthetic:.0%} of the model alone ({row.full:.0f} vs {row.synthetic:.0f} "
-                         f"images/s), which cannot be, since it does the model's work and more. {DISTURBED}; "
+                         f"images/s), which cannot be, since it does the model's work and more. {DISTURBED_CAUSE}."
                          "run the cell again.")
             continue
         line = (f"- **{row.loader}**: {row.verdict}; the loader alone delivers {row.io:.0f} images/s against "

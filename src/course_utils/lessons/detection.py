@@ -18,7 +18,8 @@ from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.lessons import scaling
-from course_utils.lessons.data_parallel import SCRATCH, SPREAD_FLOOR, measured_steps, parallel_shape, traced_ranks
+from course_utils.lessons.data_parallel import SCRATCH, measured_rate, measured_steps, parallel_shape, traced_ranks
+from course_utils.observe.noise import DISTURBED, compare
 from course_utils.parallel import transport
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
@@ -80,7 +81,7 @@ def amp_effect(precisions: tuple[str, ...] = ("off", "bf16"), out: str | Path | 
         summary = train(**_options({"device": "auto", **options}), amp=amp, out=out / amp)
         rows.append({"amp": amp, "seconds_per_iteration": summary["seconds_per_iteration"],
                      "images_per_second": summary["images_per_second"], "box_ap": summary["box_ap"],
-                     "device": summary["device"]})
+                     "device": summary["device"], "measured": measured_rate(summary)})
     table = pd.DataFrame(rows)
     table["speedup"] = table["seconds_per_iteration"].iloc[0] / table["seconds_per_iteration"]
     return table
@@ -94,7 +95,11 @@ def monitor_frame(run: str | Path) -> pd.DataFrame:
 def answer(scaled: pd.DataFrame, steps: pd.DataFrame, found: transport.Transport, amp: pd.DataFrame,
            where: str, on_gpus: bool) -> str:
     """Markdown: the team's questions answered from the runs just made."""
-    last = scaled.iloc[-1]
+    first, last = scaled.iloc[0], scaled.iloc[-1]
+    speedup = compare(last["measured"], first["measured"], bound=(0, last["ranks"] / first["ranks"]),
+                      why=f"{int(last['ranks'])} ranks do at most {last['ranks'] / first['ranks']:g}x the work of "
+                          f"{int(first['ranks'])}")
+    efficiency = "" if speedup.verdict == DISTURBED else f", efficiency **{last['efficiency']:.0%}**"
     team = team_table().set_index(["gpus", "interconnect"])
     team_two = team.loc[(2, "NVLink (HGX)")]
     hidden = steps["hidden_ms"].sum() / steps["communication_ms"].sum() if steps["communication_ms"].sum() else 0.0
@@ -104,8 +109,8 @@ def answer(scaled: pd.DataFrame, steps: pd.DataFrame, found: transport.Transport
                                                "figures; the team's table is."),
         f"- **Scaling at a fixed global batch of {int(last['global_batch'])}**, in the team's measure (training time "
         f"over iterations, a mean): {int(last['ranks'])} ranks ran at **{last['mean_iteration_seconds']:.3f} s/it** "
-        f"against **{scaled.iloc[0]['mean_iteration_seconds']:.3f}** on {int(scaled.iloc[0]['ranks'])}: a speed-up "
-        f"of **{last['speedup']:.2f}x**, efficiency **{last['efficiency']:.0%}**{_disturbed(last['efficiency'])}. "
+        f"against **{first['mean_iteration_seconds']:.3f}** on {int(first['ranks'])}; their steady iterations' "
+        f"speed-up (medians): {speedup.sentence()}{efficiency}. "
         f"The team measured {team_two['speedup']:.2f}x on 2 A100s with NVLink ({team_two['efficiency']:.0%}) and "
         f"{team.loc[(2, 'PCIe'), 'speedup']:.2f}x on 2 PCIe A100s. That gap is not the interconnect alone: the PCIe "
         "cards also run at a lower power limit (250-300 W against 400 W), so they compute more slowly too.",
@@ -120,16 +125,10 @@ def answer(scaled: pd.DataFrame, steps: pd.DataFrame, found: transport.Transport
         "gap is the link (their clocks differ too), nor what another link would cost, without measuring there.",
         f"- **Transport**: {found.verdict().removeprefix('transport: ')}.",
         f"- **AMP**: {amp.iloc[-1]['amp']} ran at **{amp.iloc[-1]['seconds_per_iteration']:.3f} s/it** against "
-        f"**{amp.iloc[0]['seconds_per_iteration']:.3f}** in fp32 ({amp.iloc[-1]['speedup']:.2f}x), box AP "
+        f"**{amp.iloc[0]['seconds_per_iteration']:.3f}** in fp32; its steady iterations against fp32's: "
+        f"{compare(amp.iloc[-1]['measured'], amp.iloc[0]['measured']).sentence()} Box AP "
         f"{amp.iloc[-1]['box_ap']:.1f} against {amp.iloc[0]['box_ap']:.1f}.{_amp_note(amp)}",
     ])
-
-
-def _disturbed(efficiency: float) -> str:
-    if efficiency <= 1 + 2 * SPREAD_FLOOR:
-        return ""
-    return (" (above 100 % of ideal: a disturbed measurement, most likely the one-rank run slowed by other work on "
-            "the machine, not a finding)")
 
 
 def _amp_note(amp: pd.DataFrame) -> str:

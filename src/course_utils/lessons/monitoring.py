@@ -22,10 +22,10 @@ from tqdm.auto import tqdm
 
 from course_utils import config, devices
 from course_utils.lessons.exercises import Check
-from course_utils.lessons.noise import measurable, relative_spread, spread_text
 from course_utils.observe import flops
 from course_utils.observe.clocks import timed_rate
 from course_utils.observe.monitor import Monitor, this_process_rows
+from course_utils.observe.noise import Comparison, Measurement, compare
 from course_utils.observe.profiling import NO_RANGES
 from course_utils.training import models
 from course_utils.training.options import TrainOptions
@@ -113,7 +113,8 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
         device_rows = this_process_rows(monitor.frame())
         rate = statistics.median(rates)
         peak, memory_source = _peak_memory(device, device_rows)
-        row.update(images_per_second=rate, spread=relative_spread(rates), rates=rates, step_ms=1000 * batch_size / rate,
+        row.update(images_per_second=rate, spread=Measurement.of(rates).spread, rates=rates,
+                   step_ms=1000 * batch_size / rate,
                    mfu=flops.mfu(rate, row["training_gflops_per_image"] * 1e9, devices.device_name(device),
                                  train_options.get("amp", "off")),
                    peak_memory_mib=peak, memory_source=memory_source,
@@ -145,9 +146,9 @@ def _fits(sweep: pd.DataFrame) -> pd.DataFrame:
     return sweep[sweep["status"] == "ok"]
 
 
-def _speed_ratio(fast: pd.Series, slow: pd.Series) -> tuple[float, float]:
-    """How many times faster ``fast`` trained than ``slow``, and the larger of their two spreads."""
-    return fast["images_per_second"] / slow["images_per_second"], max(fast["spread"], slow["spread"])
+def _speed_ratio(fast: pd.Series, slow: pd.Series) -> Comparison:
+    """How many times faster ``fast`` trained than ``slow``, read through their rounds' spreads."""
+    return compare(Measurement.of(fast["rates"]), Measurement.of(slow["rates"]))
 
 
 def model_size(sweep: pd.DataFrame) -> str:
@@ -163,14 +164,12 @@ def model_size(sweep: pd.DataFrame) -> str:
     for (_, small), (_, large) in zip(rows.iterrows(), rows.iloc[1:].iterrows()):
         params = large["parameters"] / small["parameters"]
         work = large["training_gflops_per_image"] / small["training_gflops_per_image"]
-        slower, spread = _speed_ratio(small, large)
-        speed = (f"trains **{slower:.1f}x** slower" if measurable(slower, spread) else
-                 "trains at **no measurably different speed**")
+        speed = f"{small['model']}'s speed over its is {_speed_ratio(small, large).sentence()}"
         lines.append(f"- **{large['model']}** has **{params:.1f}x** the parameters of {small['model']} and "
                      f"**{work:.1f}x** its FLOPs per image ({large['training_gflops_per_image']:.2f} vs "
                      f"{small['training_gflops_per_image']:.2f} GFLOP per training image), and {speed} "
-                     f"({large['images_per_second']:.0f} vs {small['images_per_second']:.0f} images/s; rounds "
-                     f"spread by {spread_text(spread)}).")
+                     f"({large['images_per_second']:.0f} vs {small['images_per_second']:.0f} images/s, medians of "
+                     f"{len(large['rates'])} rounds).")
     lines.append("Parameters count weights, not work: the work per image (FLOPs, counted by PyTorch's "
                  "`FlopCounterMode`) is set by the layers times the spatial resolution they run at. Speed follows "
                  "FLOPs once the device is full; a small model may not fill it at all.")
@@ -201,10 +200,7 @@ def batch_size(sweep: pd.DataFrame) -> str:
         low, high = fits.iloc[0], fits.iloc[-1]
         memory, measured = _memory_text(low, high)
         grew |= measured
-        faster, spread = _speed_ratio(high, low)
-        speed = (f"throughput changed **{faster:.2f}x**" if measurable(faster, spread) else
-                 f"throughput showed **no measurable difference** ({faster:.2f}x, inside the rounds' spread of "
-                 f"{spread_text(spread)})")
+        speed = f"throughput changed {_speed_ratio(high, low).sentence()}"
         text = (f"- **{model}**: from batch {low['batch_size']} to {high['batch_size']} "
                 f"({high['batch_size'] / low['batch_size']:.0f}x), {memory} and {speed}")
         failed = rows[rows["status"] != "ok"]["batch_size"]

@@ -55,7 +55,21 @@ def gpu_note(benchmark: str) -> str:
         return (f"No GPU result of `{benchmark}` is recorded in `benchmarks/results/` yet: on a GPU, "
                 f"`python benchmarks/{benchmark}.py` records one there (with its device, versions and date).")
     devices = ", ".join(sorted(rows["device"].unique()))
-    return f"Recorded on GPUs in `benchmarks/results/`: {len(rows)} rows of `{benchmark}` ({devices})."
+    lines = [f"Recorded on GPUs in `benchmarks/results/`: {len(rows)} rows of `{benchmark}` ({devices}). What they "
+             "trained on (the table's `data` column, whole):"]
+    for data, same in rows.groupby("data", sort=False):
+        lines.append(f"- {', '.join(sorted(same['device'].unique()))}: {data}.{_data_meaning(data)}")
+    return "\n".join(lines)
+
+
+def _data_meaning(data: str) -> str:
+    """What a recorded row's data says about its figures: a stand-in's speed is the model's, its accuracy not."""
+    if data.startswith("generated stand-in"):
+        return (" Generated images, not CIFAR-100 photos: the speed is the real model's on images of the real size "
+                "and format, but the accuracy says nothing about CIFAR-100.")
+    if data == SYNTHETIC:
+        return " Random tensors already on the device: the model's speed alone, no data loading, no accuracy."
+    return ""
 
 
 def recorded_on_gpus(benchmark: str, command: str) -> pd.DataFrame | str:

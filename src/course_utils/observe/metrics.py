@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from course_utils.atomic_files import write_text_atomic
+from course_utils.observe.noise import Measurement
 from course_utils.run_folder import RunFolder
 
 
@@ -113,6 +114,12 @@ class Run:
     steps: pd.DataFrame  # one row per log point: step, epoch, loss, lr, ...
     epochs: pd.DataFrame  # one row per epoch
     summary: dict[str, Any]
+
+    def steady_rate(self) -> Measurement:
+        """Images per second of each iteration after the warm-up (rank 0's clock, all ranks' images), as one
+        measurement with its spread: what the answers compare runs with."""
+        seconds = self.iterations["seconds"].tolist()[self.summary["warmup_steps"]:] if len(self.iterations) else []
+        return Measurement.of(seconds).inverse().scaled(self.summary["global_batch_size"])
 
 
 def load_run(out_dir: Path) -> Run:

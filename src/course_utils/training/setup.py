@@ -61,7 +61,7 @@ DDP_KNOBS = tuple(knob.name for knob in fields(DDPOptions))  # each is also a tr
 
 
 def check_parallel_options(cfg: TrainOptions, world_size: int, device: torch.device) -> None:
-    """Refuse options that do not fit the way the model is spread, naming the fix."""
+    """Refuse options that do not fit the way the model is distributed, naming the fix."""
     changed = [f"--{name.replace('_', '-')}" for name in DDP_KNOBS
                if getattr(cfg, name) != TrainOptions.__dataclass_fields__[name].default]
     if changed and cfg.distributed != "ddp":
@@ -233,7 +233,7 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     recomputed = checkpoint_blocks(models.blocks(model)) if cfg.activation_checkpointing else []
-    wrapped = _spread(model, cfg, device, tp)
+    wrapped = _distribute(model, cfg, device, tp)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay, fused=cfg.fused_optimizer or None)
     step_model = torch.compile(wrapped, mode=cfg.compile) if cfg.compile else wrapped
@@ -243,8 +243,8 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
                  nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp], tp)
 
 
-def _spread(model: nn.Module, cfg: TrainOptions, device: torch.device, tp: int) -> nn.Module:
-    """The model as ``--distributed`` spreads it: split in place by tensor parallelism and sharded by FSDP
+def _distribute(model: nn.Module, cfg: TrainOptions, device: torch.device, tp: int) -> nn.Module:
+    """The model as ``--distributed`` lays it out: split in place by tensor parallelism and sharded by FSDP
     (over the whole group, or over the data dimension of a 2-D mesh), or wrapped (or not)."""
     if cfg.distributed in tensor_parallel.TENSOR_PARALLEL_MODES:
         grid = tensor_parallel.mesh(tp, device.type)
