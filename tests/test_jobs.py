@@ -230,7 +230,7 @@ def test_the_jupyter_app_s_python_comes_from_a_folder_no_other_user_can_write(tm
 
 
 def test_the_readmes_container_is_the_image_the_settings_were_checked_against():
-    readme = (checkout_root() / "README.md").read_text()
-    images = set(re.findall(r"COURSE_CONTAINER=\S*/(lumi-multitorch-full-[\w-]+\.sif)", readme))
+    texts = "".join((checkout_root() / name).read_text() for name in ("README.md", "docs/lumi_day_card.md"))
+    images = set(re.findall(r"COURSE_CONTAINER=\S*/(lumi-multitorch-full-[\w-]+\.sif)", texts))
     assert images == {"lumi-multitorch-full-u24r70f21m50t210-20260415_130625.sif"}
     assert images.pop() in (checkout_root() / "jobs" / "lumi" / "SETTINGS.md").read_text()

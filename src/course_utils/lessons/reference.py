@@ -83,7 +83,8 @@ def recorded_on_gpus(benchmark: str, command: str) -> pd.DataFrame | str:
             f"GPUs, `{command}` records them there, and this cell shows them.")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name, as the results record it."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -118,7 +119,7 @@ def record(benchmark: str, rows: list[dict], device: str, data: str) -> Path:
         "benchmark": benchmark,
         "device": device,
         "date": now.strftime("%Y-%m-%d"),
-        "machine": {"cpu": _cpu_model(), "cpu_cores": os.cpu_count()},
+        "machine": {"cpu": cpu_model(), "cpu_cores": os.cpu_count()},
         "data": data,
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
                      "python": platform.python_version(), "cuda": torch.version.cuda, "hip": torch.version.hip},
