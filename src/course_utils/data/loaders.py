@@ -24,8 +24,9 @@ from course_utils.data import coco
 from course_utils.data.dali import DaliLoader
 from course_utils.data.datasets import DataSpec, build_datasets, image_arrays, uint8_datasets
 from course_utils.data.gpu_augment import BatchAugment
+from course_utils.data.resident import ResidentLoader
 
-LOADERS = ("torch", "dali", "gpu-aug")
+LOADERS = ("torch", "dali", "gpu-aug", "resident")
 
 
 class DelayedCollate:
@@ -156,7 +157,8 @@ def make_loaders(kind: str, spec: DataSpec, batch_size: int, device: torch.devic
                  pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
                  delay_seconds: float = 0.0, shard_id: int = 0, num_shards: int = 1) -> Loaders:
     """Training and test loaders of ``kind``: ``torch`` (augmentation in the workers), ``dali``
-    (an NVIDIA DALI pipeline) or ``gpu-aug`` (uint8 batches, augmented on the device)."""
+    (an NVIDIA DALI pipeline), ``gpu-aug`` (uint8 batches, augmented on the device) or ``resident`` (the whole
+    uint8 data set on the device, indexed and augmented there)."""
     options = dict(workers=workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
                    prefetch_factor=prefetch_factor, seed=spec.seed, shard_id=shard_id, num_shards=num_shards,
                    # Detection images differ in size: a batch is a list of images and a list of targets.
@@ -172,6 +174,18 @@ def make_loaders(kind: str, spec: DataSpec, batch_size: int, device: torch.devic
                                                    seeded_generator(spec.seed * 1_000 + shard_id))
             loaders.test_on_device = BatchAugment(spec.image_size, False)
         return loaders
+    if kind == "resident":
+        train, test = uint8_datasets(spec)
+        if batch_size > len(train) // num_shards:
+            raise ValueError(f"batch size {batch_size} is larger than the data each process reads: "
+                             f"{len(train) // num_shards} samples; lower --batch-size or use more samples")
+        return Loaders(
+            ResidentLoader(train, batch_size, device, sampler=shard_sampler(train, shard_id, num_shards, spec.seed),
+                           drop_last=True),
+            ResidentLoader(test, min(batch_size, len(test) // num_shards), device, sampler=None, drop_last=False,
+                           shard_id=shard_id, num_shards=num_shards),
+            train_on_device=BatchAugment(spec.image_size, spec.augment, seeded_generator(spec.seed * 1_000 + shard_id)),
+            test_on_device=BatchAugment(spec.image_size, False), test_sharded=num_shards > 1)
     if kind == "dali":
         train, test = (image_arrays(split) for split in uint8_datasets(spec))
         threads = max(1, workers)

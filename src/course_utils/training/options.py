@@ -58,10 +58,12 @@ class TrainOptions:
     workers: int | None = option(None, "DataLoader worker processes", at_least=0)
     loader: str = option("torch", "torch: augment in DataLoader workers; dali: an NVIDIA DALI pipeline (GPU "
                          "operators on NVIDIA, CPU operators elsewhere); gpu-aug: uint8 batches augmented on the "
-                         "device (the AMD path)", choices=LOADERS)
+                         "device (the AMD path); resident: the whole uint8 data set kept on the device, each batch "
+                         "indexed and augmented there (data that fits, as CIFAR-100 does)", choices=LOADERS)
     pin_memory: bool | None = option(None, "page-locked host batches for faster copies to the GPU (default: on "
                                      "with a GPU)")
-    persistent_workers: bool = option(False, "keep DataLoader workers alive between epochs")
+    persistent_workers: bool = option(True, "keep DataLoader workers alive between epochs (--no-persistent-workers "
+                                      "starts them again every epoch, a cost the first batches of each pay)")
     prefetch_factor: int | None = option(None, "batches each worker loads ahead (default: PyTorch's, 2)",
                                          at_least=1)
     seed: int = option(0, "random seed; a CPU run with the same seed repeats exactly")
