@@ -16,22 +16,8 @@ import argparse
 from course_utils import config
 from course_utils.devices import default_device, device_name
 from course_utils.lessons import reference
-from course_utils.lessons.monitoring import MONITOR_COST_GOAL, monitor_cost, monitor_cost_reading
-from course_utils.lessons.reference import Goal
+from course_utils.lessons.monitoring import monitor_cost, monitor_cost_goals, monitor_cost_reading
 from course_utils.observe.monitor import Monitor
-
-GOAL_SOURCE = ("the course's goal for an observer that runs beside every workshop run: below the 1-2 % that "
-               "repeated GPU runs already vary by, so that watching never changes the answer")
-
-
-def goals(cost: float, floor: float) -> list[Goal]:
-    """The cost against its goal, and the floor against the cost's goal (the measurement's resolution): where
-    the floor is not below the goal, the cost is not judged, whatever its value."""
-    resolved = floor < MONITOR_COST_GOAL
-    return [Goal("monitor's cost, share of the plain throughput", cost, f"at most {MONITOR_COST_GOAL:.0%}",
-                 cost <= MONITOR_COST_GOAL if resolved else None, GOAL_SOURCE),
-            Goal("noise floor (plain against plain)", floor, f"below {MONITOR_COST_GOAL:.0%}",
-                 resolved, "a floor above the goal could not tell a cost of 1 % from none")]
 
 
 def main() -> None:
@@ -55,7 +41,7 @@ def main() -> None:
              "interval": args.interval, **row} for row in table.to_dict("records")]
     rows.append({"size": size.name, "model": args.model, "round": "all", "cost": cost.median, "cost_low": cost.low,
                  "cost_high": cost.high, "noise_floor": floor.median, "verdict": comparison.verdict})
-    found = goals(cost.median, floor.median)
+    found = monitor_cost_goals(cost.median, floor.median)
     for goal in found:
         print(goal.line())
     path = reference.record("monitor_cost", rows, device_name(device), reference.SYNTHETIC, found)

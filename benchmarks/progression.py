@@ -50,10 +50,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per stage; their spread is the noise")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations before the first round")
     parser.add_argument("--stages", default=None,
-                        help="comma-separated numbers of the stages to run, 0-based (default: all): "
+                        help="comma-separated numbers of the stages to time, 0-based (default: all; the others "
+                             "still lend their options to the stages after them): "
                              + "; ".join(f"{number} {stage.label}" for number, stage in enumerate(STAGES)))
     args = parser.parse_args()
-    stages = STAGES if args.stages is None else tuple(STAGES[int(n)] for n in args.stages.split(","))
+    only = None if args.stages is None else {STAGES[int(n)].label for n in args.stages.split(",")}
     device = device_name(default_device())
     setting = {"size": size.name, "model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
                "steps": args.steps, "rounds": args.rounds}
@@ -66,7 +67,7 @@ def main() -> None:
                                 progression_goals(table, args.image_size), path)
         print(_line(rows[-1]), flush=True)
 
-    table = step_progression(args.model, args.batch_size, args.image_size, args.steps, args.rounds, stages,
+    table = step_progression(args.model, args.batch_size, args.image_size, args.steps, args.rounds, only,
                              args.warmup, on_row=record)
     for goal in progression_goals(table, args.image_size):
         print(goal.line())

@@ -111,18 +111,20 @@ def unavailable(stage: Stage, device: torch.device, model: str) -> str | None:
     return None
 
 
-def _stages_to_run(stages: tuple[Stage, ...], device: torch.device, model: str):
+def _stages_to_run(stages: tuple[Stage, ...], device: torch.device, model: str, only: set[str] | None = None):
     """Each stage with the options it trains with (its own on top of the kept stages' before it), the stage
-    it builds on (None for a baseline), or the reason it cannot run here."""
+    it builds on (None for a baseline), or the reason it cannot run here. ``only``: the labels to yield; the
+    others still lend their options to the stages after them."""
     kept: dict = {}
     base = None
     for stage in stages:
-        reason = unavailable(stage, device, model)
+        reason = unavailable(stage, device, model) if only is None or stage.label in only else None
         if reason:
             yield stage, None, None, reason
             continue
         options = {**kept, **stage.options}
-        yield stage, options, base, None
+        if only is None or stage.label in only:
+            yield stage, options, base, None
         if stage.kept:
             kept, base = options, stage.label
 
@@ -175,16 +177,17 @@ def run_progression(out_dir: Path, stages: tuple[Stage, ...] = STAGES, **train_o
 
 
 def step_progression(model: str, batch_size: int, image_size: int, steps: int, rounds: int,
-                     stages: tuple[Stage, ...] = STAGES, warmup: int = 3,
+                     only: set[str] | None = None, warmup: int = 3,
                      on_row: Callable[[list[dict]], object] | None = None) -> pd.DataFrame:
     """The progression's step timed on one fixed batch already on the device (no loader, no epochs, no
     evaluation): ``rounds`` x ``steps`` timed iterations per stage after ``warmup``, with MFU against the peak of
-    the stage's precision and joules per image where the device reports power. ``on_row`` gets the rows so far
-    after each stage (a benchmark records them the moment they exist)."""
+    the stage's precision and joules per image where the device reports power. ``only``: the labels of the
+    stages to time (the others still lend their options to later ones). ``on_row`` gets the rows so far after
+    each stage (a benchmark records them the moment they exist)."""
     device = devices.default_device()
     name = devices.device_name(device)
     rows: list[dict] = []
-    for stage, options, base, reason in _stages_to_run(stages, device, model):
+    for stage, options, base, reason in _stages_to_run(STAGES, device, model, only):
         if reason:
             rows.append({"stage": stage.label, "status": f"not available on {name}: {reason}"})
         else:
@@ -281,8 +284,10 @@ def progression_answer(table: pd.DataFrame) -> str:
         tf32 = compare(_rate(stages[BASELINE]), _rate(stages[STRICT]))
         lines.append(f"- **{BASELINE}** (PyTorch's default: convolutions in TF32) against **{STRICT}**: "
                      f"{tf32.sentence()} That is what TF32 buys before any code changes.")
-    for current in stages.values():
-        base = stages.get(current.get("builds_on"))
+    previous = None
+    for current in stages.values():  # each against the stage it builds on (tables without it: the one before)
+        base = stages.get(current.get("builds_on")) if "builds_on" in ran else previous
+        previous = current
         if base is None:
             continue
         gain = compare(_rate(current), _rate(base))
@@ -393,7 +398,9 @@ def _compile_cost(ran: pd.DataFrame) -> list[str]:
     if compiled.empty:
         return []
     row = compiled.iloc[0]
-    before = ran[ran["stage"] == row.get("builds_on")]
+    position = ran.index.get_loc(compiled.index[0])  # tables without "builds_on": the stage before it
+    before = (ran[ran["stage"] == row.get("builds_on")] if "builds_on" in ran
+              else ran.iloc[max(0, position - 1):position])
     if before.empty:
         return []
     first, after = before.iloc[0]["first_iteration_s"], row["first_iteration_s"]
