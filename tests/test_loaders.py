@@ -121,3 +121,13 @@ def test_worker_processes_forked_after_dali_do_not_hang(quick, tmp_path):
     for round_ in range(3):
         train(**{**quick, "out": str(tmp_path / f"dali{round_}"), "loader": "dali", "epochs": 1})
         train(**{**quick, "out": str(tmp_path / f"torch{round_}"), "loader": "torch", "workers": 2, "epochs": 1})
+
+
+def test_dali_and_pytorch_built_for_two_cuda_majors_are_not_put_in_one_gpu_process():
+    said = dali.runtime_mismatch(12, "13.0", gpu=True)
+    assert "CUDA 12" in said and "CUDA 13.0" in said and "pip install nvidia-dali-cuda130" in said
+    assert dali.runtime_mismatch(13, "13.0", gpu=True) is None
+    assert dali.runtime_mismatch(12, "13.0", gpu=False) is None  # DALI's CPU operators load no CUDA runtime
+    assert dali.runtime_mismatch(13, None, gpu=True) is None  # PyTorch without CUDA: nothing to mismatch
+    if torch.version.cuda:  # the course's pins agree: DALI for the CUDA of the pinned PyTorch
+        assert dali.installed_dali_cuda() == dali.cuda_major(torch.version.cuda)
