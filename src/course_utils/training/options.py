@@ -122,6 +122,8 @@ class TrainOptions:
                              "last one, under no_sync for the others)", metavar="N", at_least=1)
     warmup_epochs: float = option(0.0, "raise the learning rate linearly from ~0 to --lr over this many epochs, "
                                   "then anneal (large global batches need it)", at_least=0)
+    warmup_steps: int | None = option(None, "the same warm-up over this many iterations instead of epochs (Detectron2 "
+                                      "warms a detector up over its first 1,000)", metavar="N", at_least=1)
     dist_timeout: float = option(600.0, "seconds a rank waits for the others before it fails instead of hanging",
                                 above=0)
     checkpoint_every: int | None = option(None, "also checkpoint every N steps within an epoch (every epoch's end "
