@@ -81,6 +81,7 @@ def _notebook(number: str, out: Path) -> list[str]:
 def plan(dry_run: bool, out: Path, data: Path) -> list[Task]:
     """Every task of the run, in the order of value within each lane."""
     cifar, coco = data / "cifar100", data / "coco"
+    workshop = {"COURSE_SIZE": "workshop"}
     if dry_run:  # the ci size on the CPU: the same lanes and benchmarks, each as small as still tells something
         return [
             Task("ci data", ["-m", "data_prep", "--size", "ci"], "data", 5),
@@ -96,7 +97,6 @@ def plan(dry_run: bool, out: Path, data: Path) -> list[Task]:
                  needs=("ci data",)),
             Task("notebook 00 (ci)", _notebook("00", out), "notebooks", 30, needs=("ci data",)),
         ]
-    workshop = {"COURSE_SIZE": "workshop"}
     ci = {"COURSE_SIZE": "ci"}
     ladder = ("--stages", "0,1,2,3,4,5", "--rounds", "5")
     tasks = [
@@ -121,6 +121,9 @@ def plan(dry_run: bool, out: Path, data: Path) -> list[Task]:
         Task("progression 32 px compiled", _bench("progression.py", "--image-size", "32", "--model", "resnet18",
                                                   "--batch-size", "128", "--steps", "50", "--stages", "6,7",
                                                   "--rounds", "5"), "gpu", 90),
+        Task("memory ladder, one GPU", _bench("memory_ladder.py", "--one-gpu"), "gpu", 15, workshop),
+        Task("detector s/it, one GPU", _bench("detection.py", "--one-gpu", "--steps", "100"), "gpu", 45, workshop,
+             ("COCO stand-in",)),
     ]
     tasks += [Task(f"notebook {n} (ci, CPU ranks)", _notebook(n, out), "cpu", 50, {**ci, **HIDDEN_GPU},
                    ("ci data",)) for n in ("11", "09", "08", "07")]
@@ -314,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "runs" / f"reference-{datetime.now():%Y%m%d-%H%M%S}"
     (out / "logs").mkdir(parents=True, exist_ok=True)
     data = (args.data_dir or Path(os.environ.get("COURSE_DATA_DIR") or ROOT / "stand-in")).resolve()
-    env = {**os.environ, "COURSE_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1"}
+    # The GPU lane measures the workshop size whatever the shell exported; the ci tasks say ci themselves.
+    env = {**os.environ, "COURSE_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1", "COURSE_SIZE": "workshop"}
     if args.dry_run:
         env.update(HIDDEN_GPU, COURSE_SIZE="ci")
     tasks = plan(args.dry_run, out, data)
