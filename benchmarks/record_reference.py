@@ -55,7 +55,7 @@ class Task:
     started: float | None = None
     ended: float | None = None
     process: subprocess.Popen | None = None
-    crowded: int = 0  # the most processes seen on the GPU while it ran (NVML; 0 where not counted)
+    crowded: int = 0  # the most other processes seen on the GPU while it ran (NVML; 0 where not counted)
     results: list[Path] = field(default_factory=list)
     note: str = ""
 
@@ -148,20 +148,34 @@ def _already_there(task: Task, data: Path) -> str:
     return ""
 
 
-def gpu_processes(pci_address: str) -> int | None:
-    """How many processes hold a context on the GPU at ``pci_address`` (NVML), or None where it cannot be
-    counted (no NVIDIA driver library, an AMD GPU): the check that nothing else ran on it."""
+def gpu_processes(pci_address: str) -> set[int] | None:
+    """The processes that hold a context on the GPU at ``pci_address`` (NVML), or None where they cannot be
+    listed (no NVIDIA driver library, an AMD GPU): the check that nothing else ran on it."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
             handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_address)
-            return len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            return {process.pid for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # no pynvml, no driver, an address NVML does not know: not counted
+    except Exception:  # no pynvml, no driver, an address NVML does not know: not listed
         return None
+
+
+def others_on_the_gpu(found: set[int] | None, task_pid: int) -> int:
+    """How many of the GPU's processes are not the task's own (its process or any child of it). Inside a
+    container NVML may report the host's process ids, which match none of ours: then all but one are others."""
+    if not found:
+        return 0
+    import psutil
+
+    try:
+        ours = {task_pid} | {child.pid for child in psutil.Process(task_pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        ours = {task_pid}
+    return len(found - ours) if found & ours else max(0, len(found) - 1)
 
 
 def probe(python: str, env: dict[str, str]) -> dict:
@@ -240,10 +254,10 @@ class Run:
         """Move what the task recorded where it belongs: its GPU figures to the results folder, unless another
         process shared the GPU while they were measured."""
         staged = sorted((self.out / "staged" / task.slug).glob("*.json"))
-        contended = task.lane == "gpu" and task.crowded > 1
+        contended = task.lane == "gpu" and task.crowded > 0
         target = self.out / "contended" if contended else self.destination
         if contended:
-            task.note = (f"{task.crowded} processes were on the GPU while it ran: its timings are kept in "
+            task.note = (f"{task.crowded} other process(es) used the GPU while it ran: its timings are kept in "
                          f"{target}, not recorded as GPU figures")
         target.mkdir(parents=True, exist_ok=True)
         for path in staged:
@@ -255,8 +269,8 @@ class Run:
         now = self.elapsed()
         for task in self.tasks:
             if task.status == "running":
-                if task.lane == "gpu":
-                    task.crowded = max(task.crowded, gpu_processes(self.pci) or 0) if self.pci else 0
+                if task.lane == "gpu" and self.pci:
+                    task.crowded = max(task.crowded, others_on_the_gpu(gpu_processes(self.pci), task.process.pid))
                 code = task.process.poll()
                 if code is not None:
                     self._end(task, "done" if code == 0 else f"failed (exit {code})")
@@ -334,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     pci = found["pci"] if found["gpu"] else ""
     if pci and (others := gpu_processes(pci)):
-        print(f"warning: {others} processes already use the GPU; what they share with is not recorded as a GPU "
-              "figure", file=sys.stderr)
+        print(f"warning: {len(others)} process(es) already use the GPU; what they share it with is not recorded as "
+              "a GPU figure", file=sys.stderr)
     print(f"{found['device']}, PyTorch {found['torch']}, {len(cores)} cores; {len(tasks)} tasks, budget "
           f"{budget:.0f} s; "
           f"run folder {out}", flush=True)

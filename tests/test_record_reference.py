@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def _run(orchestrator, tasks, tmp_path, budget, pci=""):
     run = orchestrator.Run(tasks, out, budget, sys.executable, {"PATH": "/usr/bin:/bin"}, tmp_path / "results", pci,
                            [0])
     while run.step():
-        pass
+        time.sleep(0.05)
     return run
 
 
@@ -79,9 +80,23 @@ def test_a_run_cut_short_keeps_what_it_recorded_and_names_what_it_left(tmp_path,
 
 def test_a_timing_taken_beside_another_process_on_the_gpu_is_not_a_gpu_figure(tmp_path, monkeypatch):
     orchestrator = _orchestrator()
-    monkeypatch.setattr(orchestrator, "gpu_processes", lambda pci: 2)  # the benchmark and someone else
+    monkeypatch.setattr(orchestrator, "gpu_processes", lambda pci: {1, 2})  # ids of no process of this run
     tasks = [orchestrator.Task("crowded", _writes_then_sleeps("crowded", 1), "gpu", 1)]
     _run(orchestrator, tasks, tmp_path, budget=120, pci="0000:c1:00")
     assert not (tmp_path / "results").exists() or not list((tmp_path / "results").iterdir())
     assert [path.name for path in (tmp_path / "run" / "contended").iterdir()] == ["crowded.json"]
     assert "not recorded as GPU figures" in tasks[0].note
+
+
+def test_the_tasks_own_processes_on_the_gpu_are_not_others():
+    orchestrator = _orchestrator()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert orchestrator.others_on_the_gpu({child.pid}, child.pid) == 0
+        assert orchestrator.others_on_the_gpu({child.pid, 1}, child.pid) == 1
+        assert orchestrator.others_on_the_gpu({10**7 + 1}, child.pid) == 0  # another namespace's id: the task's own
+        assert orchestrator.others_on_the_gpu({10**7 + 1, 10**7 + 2}, child.pid) == 1
+        assert orchestrator.others_on_the_gpu(None, child.pid) == 0
+    finally:
+        child.kill()
+        child.wait()
