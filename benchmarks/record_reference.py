@@ -291,11 +291,15 @@ class Run:
         return max(3 * task.estimate, task.estimate + 60)
 
 
-def summary(tasks: list[Task], device: str, elapsed: float, budget: float, destination: Path, out: Path) -> str:
-    """The run on one screen: each GPU figure against its goal, the notebooks, and what was not done."""
+def summary(tasks: list[Task], device: str, elapsed: float, budget: float, destination: Path, out: Path,
+            counted: bool = True) -> str:
+    """The run on one screen: each GPU figure against its goal, the notebooks, and what was not done.
+    ``counted``: whether the GPU's other processes could be counted (NVML)."""
     lines = [f"Reference run on {device}: {elapsed:.0f} s of {budget:.0f}; results in {destination}, logs and "
              f"executed notebooks in {out}", ""]
-    lines.append("GPU figures, each measured with the GPU to itself:" if device != "CPU" else
+    alone = ("with the GPU to itself (no other process on it, counted by NVML)" if counted else
+             "with no other task of this run on the GPU (other users' processes cannot be counted here: no NVML)")
+    lines.append(f"GPU figures, each measured {alone}:" if device != "CPU" else
                  "Benchmarks on the CPU (a dry run: CPU figures at tiny sizes, not GPU figures; the goals are the "
                  "GPU's):")
     for task in (t for t in tasks if t.lane == "gpu"):
@@ -362,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             if task.status == "running":
                 _end_group(task.process)
                 run._end(task, "stopped (Ctrl-C)")
-    text = summary(tasks, found["device"], run.elapsed(), budget, destination, out)
+    text = summary(tasks, found["device"], run.elapsed(), budget, destination, out,
+                   counted=not pci or gpu_processes(pci) is not None)
     (out / "summary.txt").write_text(text + "\n")
     print("\n" + text)
     return 0 if all(t.ready or t.status == "done" for t in tasks) else 1
