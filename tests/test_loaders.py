@@ -131,3 +131,20 @@ def test_dali_and_pytorch_built_for_two_cuda_majors_are_not_put_in_one_gpu_proce
     assert dali.runtime_mismatch(13, None, gpu=True) is None  # PyTorch without CUDA: nothing to mismatch
     if torch.version.cuda:  # the course's pins agree: DALI for the CUDA of the pinned PyTorch
         assert dali.installed_dali_cuda() == dali.cuda_major(torch.version.cuda)
+
+
+@pytest.mark.slow
+def test_workers_kept_alive_draw_the_augmentation_of_workers_started_every_epoch(tiny_root):
+    """PyTorch seeds a worker once, when it starts: kept alive (persistent_workers, the course's default), its
+    random crops would run on from the epochs before, which a resumed run never saw. Seeded per epoch by the
+    loader, both draw the same."""
+    drawn = {}
+    for persistent in (False, True):
+        loaders = make_loaders("torch", _spec(tiny_root, augment=True), 16, CPU, workers=2,
+                               persistent_workers=persistent)
+        drawn[persistent] = []
+        for epoch in (0, 1):
+            loaders.set_epoch(epoch)
+            drawn[persistent].append(torch.cat([images for images, _ in loaders.train]))
+    assert all(torch.equal(a, b) for a, b in zip(drawn[False], drawn[True]))
+    assert drawn[True][0].shape == drawn[True][1].shape and not torch.equal(drawn[True][0], drawn[True][1])

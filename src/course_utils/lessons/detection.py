@@ -181,7 +181,7 @@ def answer(scaled: pd.DataFrame, steps: pd.DataFrame, found: transport.Transport
 
 def _amp_line(amp: pd.DataFrame) -> str:
     """The AMP run against fp32, or which of them diverged (a result of the run, with its fix)."""
-    diverged = amp[amp["status"] != "ok"]
+    diverged = amp[amp["status"] != "ok"] if "status" in amp else amp.iloc[:0]  # tables of older runs: all ran
     if len(diverged):
         return (f"- **AMP**: not compared: {'; '.join(f'{row.amp}: {row.status}' for row in diverged.itertuples())}. "
                 "A detector trained from scratch needs a learning rate scaled to its batch and a warm-up (the "
