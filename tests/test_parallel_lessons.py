@@ -236,3 +236,12 @@ def test_the_ladder_answer_calls_a_faster_recomputation_disturbed_and_claims_no_
     text = memory_ladder.memory_ladder_answer(ladder, "CPU processes")
     assert "**disturbed measurement**" in text and "not a finding" in text and "adds work" in text
     assert "recorded GPU rows below show" not in text
+
+
+def test_rows_measured_on_cpu_ranks_say_so_wherever_they_ran():
+    from course_utils.lessons.data_parallel import parallel_shape
+
+    assert parallel_shape(gpus=1).rows_label() == ("CPU processes (gloo) on a node with one GPU: CPU figures, not GPU "
+                                                   "figures")
+    assert "a machine without GPUs" in parallel_shape(gpus=0).rows_label()
+    assert parallel_shape(gpus=4).rows_label() == "4 GPUs, one rank each"

@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
+from course_utils import devices
 from course_utils.lessons import precision
 from course_utils.lessons.precision import STAGES, unavailable
 from course_utils.observe.metrics import load_run
@@ -168,3 +169,65 @@ def test_a_recorded_progression_with_every_round_kept_is_read_through_its_spread
     text = precision.recorded_reading(rows)
     assert "Measurably faster than fp32: + AMP bf16" in text and "not shown faster: + channels_last" in text
     assert "launch-bound" not in text
+
+
+def test_a_side_stage_is_left_out_of_the_stages_after_it_and_untimed_stages_lend_their_options(monkeypatch):
+    monkeypatch.setattr(precision, "unavailable", lambda stage, device, model: None)  # as on a GPU
+    ran = list(precision._stages_to_run(STAGES, CPU, "small_cnn", only={"+ torch.compile",
+                                                                     "fp16 + GradScaler instead of bf16"}))
+    (fp16, fp16_options, fp16_base, _), (compiled, options, base, _) = ran
+    assert fp16_options == {"amp": "fp16", "channels_last": True, "fused_optimizer": True}
+    assert fp16_base == base == "+ fused optimizer"  # both build on the fused stage; the compile stage keeps bf16
+    assert options == {"amp": "bf16", "channels_last": True, "fused_optimizer": True, "compile": "default"}
+
+
+def _ladder(rates: dict[str, float], strict_status: str = "ok") -> pd.DataFrame:
+    builds_on = {precision.STRICT: None, precision.BASELINE: None, "+ bf16 autocast": precision.BASELINE,
+                 "+ channels_last": "+ bf16 autocast", "+ fused optimizer": "+ channels_last",
+                 "fp16 + GradScaler instead of bf16": "+ fused optimizer", "+ torch.compile": "+ fused optimizer",
+                 "+ CUDA graphs (compile reduce-overhead)": "+ torch.compile"}
+    rows = [{"stage": stage, "status": strict_status if stage == precision.STRICT else "ok",
+             "images_per_second": rate, "builds_on": builds_on[stage],
+             "options": "amp=bf16" if "fp32" not in stage else "defaults",
+             "rates": [rate * 0.99, rate, rate * 1.01]} for stage, rate in rates.items()]
+    return pd.DataFrame(rows)
+
+
+def test_the_goals_follow_the_image_size_and_the_devices_fp32():
+    tf32 = _ladder({precision.STRICT: 400.0, precision.BASELINE: 1800.0, "+ bf16 autocast": 3000.0,
+                    "+ fused optimizer": 3800.0})
+    first, second = precision.progression_goals(tf32, 224)
+    assert first.value == pytest.approx(3800 / 1800) and first.met and "2.0x" in first.goal
+    assert second.value == pytest.approx(9.5) and second.met and "NVIDIA" in second.source
+    no_tf32 = _ladder({precision.STRICT: 0.0, precision.BASELINE: 1000.0, "+ bf16 autocast": 2500.0},
+                      strict_status="not available on AMD Instinct MI250X: no TF32 here")
+    (only,) = precision.progression_goals(no_tf32, 224)
+    assert "strict fp32 here" in only.figure and only.value == pytest.approx(2.5) and only.met is False
+    launch_bound = _ladder({precision.BASELINE: 12000.0, "+ fused optimizer": 12500.0, "+ torch.compile": 13000.0,
+                            "+ CUDA graphs (compile reduce-overhead)": 27000.0})
+    (graphs,) = precision.progression_goals(launch_bound, 32)
+    assert graphs.value == pytest.approx(27000 / 13000) and graphs.met
+    (untimed,) = precision.progression_goals(launch_bound.iloc[:2], 32)
+    assert untimed.value is None and untimed.met is None
+
+
+def test_each_stage_is_read_against_the_stage_it_builds_on_and_tf32_against_strict_fp32():
+    ladder = _ladder({precision.STRICT: 400.0, precision.BASELINE: 1800.0, "+ bf16 autocast": 3000.0,
+                      "+ channels_last": 3300.0, "+ fused optimizer": 3600.0,
+                      "fp16 + GradScaler instead of bf16": 3650.0, "+ torch.compile": 4200.0})
+    ladder["measured"] = [Measurement.of(rates) for rates in ladder["rates"]]
+    ladder = ladder.assign(mfu=0.1, final_train_loss=2.0, test_top1=40.0, first_iteration_s=1.0)
+    text = precision.progression_answer(ladder)
+    assert "**fp32 baseline** (PyTorch's default: convolutions in TF32) against **fp32, strict (no TF32)**: " \
+           "**4.50x**" in text
+    assert "**+ torch.compile** (4200 images/s" in text and "against **+ fused optimizer**: **1.17x**" in text
+    assert "**fp16 + GradScaler instead of bf16** (3650 images/s" in text
+    assert "Fastest: **+ torch.compile** at **2.33x** the fp32 baseline" in text
+
+
+def test_strict_fp32_holds_inside_its_block_only():
+    before = torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision
+    with devices.strict_fp32():
+        assert not devices.tf32_convolutions() and torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision) == before
+    assert devices.tf32_convolutions()

@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from course_utils.lessons import ddp
 from course_utils.observe.metrics import load_run
 from course_utils.run_folder import RunFolder
 from course_utils.train import main, train
@@ -304,3 +305,15 @@ def test_a_diverging_run_stops_at_its_step_and_keeps_the_last_good_checkpoint(qu
         train(**{**quick, "epochs": 3, "log_every": 1}, lr=1e6, checkpoint_every=1)
     state = checkpoint.load(RunFolder(quick["out"]).last_checkpoint)
     assert all(torch.isfinite(value).all() for value in state["model"].values() if value.is_floating_point())
+
+
+@pytest.mark.slow
+def test_the_lessons_interrupted_run_is_stopped_however_fast_it_trains(tiny_root, tmp_path):
+    """Notebook 07's interrupted run: paced in its loader, a run of eight short steps (a GPU trains them in a
+    blink) is stopped after its checkpoint at step 2, and the resumed run finishes it at full speed."""
+    options = dict(size="ci", data_dir=str(tiny_root), train_samples=256, test_samples=64, batch_size=32, epochs=1,
+                   checkpoint_every=2, log_every=2, device="cpu")
+    stopped = ddp.interrupted_run(tmp_path, stop_after_step=2, **options)
+    assert stopped["exit_code"] == preemption.EXIT_CODE and "stopped by SIGUSR1" in stopped["marker"]
+    resumed = train(out=str(tmp_path), resume="auto", progress=False, **options)
+    assert resumed["steps"] == 8 and resumed["resumed_from"]

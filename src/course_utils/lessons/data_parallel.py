@@ -96,6 +96,14 @@ class ParallelShape:
         """The device rank 0 trains on (what tables and records name)."""
         return devices.default_device() if self.on_gpus else torch.device("cpu")
 
+    def rows_label(self) -> str:
+        """What a benchmark's rows say about where their ranks ran: a CPU figure from a GPU node is not a GPU
+        figure, and says so."""
+        if self.on_gpus:
+            return f"{self.ranks} GPUs, one rank each"
+        here = "a node with one GPU" if self.gpus == 1 else "a machine without GPUs"
+        return f"CPU processes (gloo) on {here}: CPU figures, not GPU figures"
+
     def describe(self) -> str:
         """One sentence for the notebooks: where the ranks run, and what to ask for to see more."""
         if self.on_gpus:

@@ -235,14 +235,24 @@ def communication_profile(buckets: int = 8, nproc: int | None = None, steps: int
     return pd.DataFrame(rows)
 
 
+PACE_MS = 250.0  # each batch of the interrupted run waits this long in its loader, whatever the device's speed
+
+
 def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals = signal.SIGUSR1,
                     **options: Any) -> dict[str, Any]:
     """Start a new run of the training command in ``out``, send it ``stop`` once a checkpoint at
-    ``stop_after_step`` or later exists (as Slurm does before a time limit), and report how it ended."""
+    ``stop_after_step`` or later exists (as Slurm does before a time limit), and report how it ended.
+
+    The run is paced: its loader makes every batch wait :data:`PACE_MS` in the training process (no workers),
+    so that however fast the device, each step takes at least that long and the run cannot end between two
+    looks at its checkpoints (a GPU trains the ``ci`` run's 40 steps in well under a second). The pace is not
+    part of the training: the resumed run, which does not ask for it, continues the same training at full speed.
+    """
     out = Path(out)
     folder = RunFolder(out).checkpoints
-    flags = to_flags(**{**SCRATCH, **options}, out=out)
+    flags = to_flags(**{**SCRATCH, "workers": 0, "input_delay_ms": PACE_MS, **options}, out=out)
     started = time.time()
+    signalled = False
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a pipe nobody reads stalls a chatty run
         process = subprocess.Popen([sys.executable, "-m", "course_utils.train", *flags], stdout=log,
                                    stderr=subprocess.STDOUT, text=True)
@@ -252,6 +262,7 @@ def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals 
                          if path.stat().st_mtime >= started]  # not the checkpoints of an earlier run, being removed
                 if saved and max(saved) >= stop_after_step:
                     process.send_signal(stop)
+                    signalled = True
                     break
                 time.sleep(0.05)
             process.wait(timeout=600)
@@ -261,6 +272,10 @@ def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals 
                 process.wait()
         log.seek(0)
         output = log.read()
+    if not signalled and process.returncode == 0:
+        raise RuntimeError(f"the run in {out} finished before a checkpoint at step {stop_after_step} or later "
+                           f"appeared, so it was never stopped: ask for a checkpoint earlier in the run "
+                           f"(checkpoint_every) or for more steps. Its output ended with:\n{output[-2000:]}")
     marker = RunFolder(out).preempted
     return {"exit_code": process.returncode, "signal": stop.name,
             "marker": marker.read_text().strip() if marker.exists() else None,

@@ -55,6 +55,11 @@ LADDER = (
     Rung("FSDP + activation checkpointing", "fsdp", {"activation_checkpointing": True}),
     Rung("FSDP + checkpointing + offload", "fsdp", {"activation_checkpointing": True, "offload": True}, True),
 )
+# On one GPU (world size 1, nothing to shard over): what one device holds by kind, with and without checkpointing.
+ONE_GPU_LADDER = (
+    Rung("one process", "none"),
+    Rung("one process + activation checkpointing", "none", {"activation_checkpointing": True}),
+)
 
 
 def _row(rung: Rung, summary: dict[str, Any]) -> dict[str, Any]:
@@ -72,12 +77,16 @@ def _row(rung: Rung, summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | Path | None = None,
-          **options: Any) -> pd.DataFrame:
-    """Train every rung that runs here; one row per rung: memory per rank by kind, images per second."""
+          one_gpu: bool = False, **options: Any) -> pd.DataFrame:
+    """Train every rung that runs here; one row per rung: memory per rank by kind, images per second.
+    ``one_gpu``: the rungs of :data:`ONE_GPU_LADDER` on this process's GPU, world size 1 (a node with one GPU,
+    where the ladder's ranks would be CPU processes)."""
     size = config.get_size(options.get("size"))
     shape = parallel_shape()
     out = Path(out or config.runs_dir() / "memory-ladder")
-    common = {"max_steps": steps or measured_steps(size.name), "device": shape.device, **SCRATCH, **options}
+    rungs = ONE_GPU_LADDER if one_gpu else rungs
+    device = "auto" if one_gpu else shape.device  # one process, no ranks: on the GPU
+    common = {"max_steps": steps or measured_steps(size.name), "device": device, **SCRATCH, **options}
     rows = []
     for index, rung in enumerate(tqdm(rungs, desc="rungs", unit="run")):
         folder = out / f"rung-{index}"

@@ -37,7 +37,7 @@ from course_utils.training.setup import Setup
 # stopped (the restored optimizer keeps its own learning rate, momentum and weight decay), besides the global
 # batch. Longer training (--epochs, --max-steps) and how fast it runs (workers, layout, compile) may change.
 SAME_TRAINING = ("model", "image_size", "seed", "train_samples", "data", "loader",
-                 "lr", "momentum", "weight_decay", "warmup_epochs", "amp", "augment")
+                 "lr", "momentum", "weight_decay", "warmup_epochs", "warmup_steps", "amp", "augment")
 
 
 class NonFiniteLossError(RuntimeError):
