@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from course_utils.parallel.launch import _end_group  # SIGTERM to a process group, then SIGKILL
+from course_utils.parallel.launched_processes import Launch  # every process a task started, found and ended
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN_GPU = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
@@ -55,6 +55,7 @@ class Task:
     started: float | None = None
     ended: float | None = None
     process: subprocess.Popen | None = None
+    launch: Launch = field(default_factory=Launch)  # marks the task's processes (kernels, ranks) to end them all
     crowded: int = 0  # the most other processes seen on the GPU while it ran (NVML; 0 where not counted)
     results: list[Path] = field(default_factory=list)
     note: str = ""
@@ -227,7 +228,7 @@ class Run:
     def _launch(self, task: Task) -> None:
         staged = self.out / "staged" / task.slug
         staged.mkdir(parents=True, exist_ok=True)
-        env = {**self.env, **task.env, "COURSE_RESULTS_DIR": str(staged),
+        env = {**self.env, **task.env, **task.launch.marker, "COURSE_RESULTS_DIR": str(staged),
                "COURSE_RUNS_DIR": str(self.out / "runs" / task.slug), "MPLBACKEND": "Agg", "COURSE_INTERACTIVE": "0"}
         cores = self.cores[task.lane]
         log = (self.out / "logs" / f"{task.slug}.log").open("w")
@@ -235,6 +236,7 @@ class Run:
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=(lambda: os.sched_setaffinity(0, cores))
                                         if hasattr(os, "sched_setaffinity") else None)
+        task.launch.started.append(task.process)
         task.status, task.started = "running", self.elapsed()
         print(f"[{task.started:5.0f} s] start  {task.name} ({task.lane} lane, cores {cores[0]}-{cores[-1]})",
               flush=True)
@@ -275,7 +277,7 @@ class Run:
                 if code is not None:
                     self._end(task, "done" if code == 0 else f"failed (exit {code})")
                 elif now >= self.budget or now - task.started > self.limit(task):
-                    _end_group(task.process)
+                    task.launch.end()
                     self._end(task, "cut at the budget" if now >= self.budget else "cut at its time limit")
         for task in self.tasks:
             if task.status != "planned" or task.ready:
@@ -364,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         for task in tasks:
             if task.status == "running":
-                _end_group(task.process)
+                task.launch.end()
                 run._end(task, "stopped (Ctrl-C)")
     text = summary(tasks, found["device"], run.elapsed(), budget, destination, out,
                    counted=not pci or gpu_processes(pci) is not None)
