@@ -32,7 +32,7 @@ def main() -> None:
                         str(args.iterations), "--out", str(path), "--device", shape.device)
         if not result.ok:
             raise SystemExit(f"the all-reduce sweep failed (exit {result.returncode})")
-        rows = json.loads(path.read_text())
+        rows = [{"ranks_ran_on": shape.rows_label(), **row} for row in json.loads(path.read_text())]
     print(f"recorded in {reference.record('allreduce', rows, device_name(shape.rank_device), reference.SYNTHETIC)}")
 
 

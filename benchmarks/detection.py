@@ -2,6 +2,7 @@
 
     COURSE_SIZE=workshop python benchmarks/detection.py --steps 200        # R50-FPN on COCO 2017, 1..N GPUs
     COURSE_SIZE=ci python benchmarks/detection.py                          # the small detector, CPU ranks
+    COURSE_SIZE=workshop python benchmarks/detection.py --one-gpu          # R50-FPN on this GPU, world size 1
 
 The global batch is 16 at workshop size on 8 devices (the team's 1x recipe: 16/N images per GPU);
 ``--global-batch`` sets another. Rows hold s/it, images per second, speed-up and efficiency, beside
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import asdict
 
 from course_utils import config
-from course_utils.devices import device_name
+from course_utils.data import coco
+from course_utils.devices import default_device, device_name
 from course_utils.lessons import data_parallel, detection, reference
 from course_utils.training.detection_models import DETECTION_RECIPES
 
@@ -25,16 +28,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=data_parallel.measured_steps(size.name))
     parser.add_argument("--global-batch", type=int, default=None)
     parser.add_argument("--amp", default="off", choices=("off", "fp16", "bf16"))
+    parser.add_argument("--one-gpu", action="store_true", help="one process on this GPU, world size 1, at the "
+                                                                 "recipe's batch (a node with one GPU, where the "
+                                                                 "ranks would be CPU processes)")
     args = parser.parse_args()
+    if args.one_gpu and default_device().type != "cuda":
+        parser.error("--one-gpu measures this process's GPU, and there is none here")
+    shape = data_parallel.parallel_shape()
     with tempfile.TemporaryDirectory() as out:
-        table = detection.fixed_global_batch(global_batch=args.global_batch, out=out, max_steps=args.steps,
-                                             amp=args.amp)
+        if args.one_gpu:  # the recipe's batch on one process, its rate scaled to it
+            table = detection.amp_effect((args.amp,), out=out, max_steps=args.steps)
+        else:
+            table = detection.fixed_global_batch(global_batch=args.global_batch, out=out, max_steps=args.steps,
+                                                 amp=args.amp)
     print(table.round(3).to_string(index=False))
     model = DETECTION_RECIPES[size.name].model
-    rows = [{"size": size.name, "model": model, "steps": args.steps, "amp": args.amp, **row}
+    ran_on = "one GPU, world size 1" if args.one_gpu else shape.rows_label()
+    rows = [{"size": size.name, "model": model, "steps": args.steps, "amp": args.amp, "ranks_ran_on": ran_on, **row,
+             "measured": asdict(row["measured"]) if "measured" in row else None}
             for row in table.to_dict("records")]
-    shape = data_parallel.parallel_shape()
-    path = reference.record('detection', rows, device_name(shape.rank_device), reference.data_used('coco'))
+    device = default_device() if args.one_gpu else shape.rank_device
+    path = reference.record('detection', rows, device_name(device), coco.kind(detection.detection_data(size.name)[0]))
     print(f"recorded in {path}")
 
 

@@ -24,6 +24,7 @@ from course_utils.data.datasets import SyntheticImages
 from course_utils.data.loaders import build_loader
 from course_utils.lessons import reference
 from course_utils.observe.clocks import warmup_steps
+from course_utils.observe.noise import Measurement, compare
 from course_utils.train import train
 from course_utils.training import models
 from course_utils.training.setup import seed_everything
@@ -75,14 +76,15 @@ def main() -> None:
         course.append(course_loop(model_name, batch_size, args.steps, device))
         bare.append(bare_loop(model_name, batch_size, args.steps, device))
         print(f"repeat {repeat + 1}: course {course[-1]:.1f} images/s, bare {bare[-1]:.1f} images/s")
+    cost = compare(Measurement.of(bare), Measurement.of(course))  # bare over course: above 1 where the loop costs
     course_median, bare_median = statistics.median(course), statistics.median(bare)
-    overhead = 100 * (bare_median / course_median - 1)
-    print(f"median: course {course_median:.1f}, bare {bare_median:.1f} images/s; "
-          f"the course loop costs {overhead:+.2f} % (goal <= 2 %)")
+    overhead = 100 * (cost.ratio - 1)
+    print(f"median: course {course_median:.1f}, bare {bare_median:.1f} images/s; the course loop costs "
+          f"{overhead:+.2f} % (goal <= 2 %); bare over course: {cost.verdict}")
     path = reference.record("loop_overhead", [{
         "model": model_name, "batch_size": batch_size, "steps": args.steps, "repeats": args.repeats,
         "course_images_per_second": course_median, "bare_images_per_second": bare_median,
-        "course_runs": course, "bare_runs": bare, "overhead_percent": overhead}],
+        "course_runs": course, "bare_runs": bare, "overhead_percent": overhead, "verdict": cost.verdict}],
         devices.device_name(device), reference.SYNTHETIC)
     print(f"recorded in {path}")
 

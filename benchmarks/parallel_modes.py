@@ -19,6 +19,7 @@ import pandas as pd
 from course_utils import config
 from course_utils.devices import default_device, device_name
 from course_utils.lessons import data_parallel, reference
+from course_utils.observe.noise import Measurement
 
 
 def main() -> None:
@@ -31,12 +32,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         for repeat in range(args.repeats):
             table = data_parallel.compare_modes(steps=args.steps, out=Path(out) / str(repeat))
-            tables.append(table.assign(repeat=repeat))
+            tables.append(table.drop(columns=["measured"]).assign(repeat=repeat))
     every = pd.concat(tables)
     summary = every.groupby("mode", sort=False).agg(
         devices=("devices", "first"), global_batch=("global_batch", "first"),
         images_per_second=("images_per_second", "median"),
-        spread=("images_per_second", lambda v: v.max() / v.min() - 1),
+        spread=("images_per_second", lambda v: Measurement.of(v).spread),
         speedup=("speedup", "median"), steady_iteration_seconds=("steady_iteration_seconds", "median")).reset_index()
     print(summary.round(3).to_string(index=False))
     rows = [{"size": size.name, "model": size.model, "batch_per_device": size.batch_size, "steps": args.steps,

@@ -36,7 +36,8 @@ def main() -> None:
                                reuse={1: Path(out) / "weak" / "ranks-1"}, **options)
     table = pd.concat({"weak": weak, "strong": strong}, names=["study"]).reset_index(level=0)
     print(table.round(3).to_string(index=False))
-    rows = [{"size": size.name, "model": args.model, "steps": args.steps, **row} for row in table.to_dict("records")]
+    rows = [{"size": size.name, "model": args.model, "steps": args.steps, "ranks_ran_on": shape.rows_label(), **row}
+            for row in table.to_dict("records")]
     print(f"recorded in {reference.record('scaling', rows, device_name(shape.rank_device), reference.data_used())}")
 
 

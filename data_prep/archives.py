@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from course_utils.atomic_files import replace_directory, staging_folder
 from course_utils.data.cifar import file_md5
+from course_utils.shared_folders import naming_the_file, open_file
 from data_prep import guard
 
 PARTIAL_CONTENT = 206
@@ -48,14 +49,12 @@ def _stream(url: str, partial: Path, label: str) -> None:
         if getattr(response, "status", None) != PARTIAL_CONTENT:
             offset = 0  # the whole file came (a server without ranges, a file:// URL): start over
         length = int(response.headers.get("Content-Length") or 0)
-        with open(partial, "ab" if offset else "wb") as out, \
+        with open_file(partial, "ab" if offset else "wb") as out, \
                 tqdm(total=offset + length or None, initial=offset, unit="B", unit_scale=True,
                      desc=f"downloading {label}") as bar:
             while chunk := response.read(1 << 20):
-                try:
+                with naming_the_file(partial):
                     out.write(chunk)
-                except OSError as error:  # a failed write does not say which file it was writing
-                    raise OSError(error.errno, error.strerror, str(partial)) from error
                 bar.update(len(chunk))
             if length and out.tell() < offset + length:  # http.client ends a cut-off body without an error
                 raise ConnectionError(f"the connection closed after {out.tell()} of {offset + length} bytes")

@@ -14,10 +14,12 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from course_utils import config
+from course_utils.shared_folders import PlantedLink
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # The file system's refusals: the fix is another folder or more room, never another download.
@@ -25,8 +27,9 @@ REFUSALS = (*DISK_FULL, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, e
 
 
 def is_refusal(error: BaseException) -> bool:
-    """Whether ``error`` is the file system refusing a write (not a damaged archive or a lost connection)."""
-    return isinstance(error, OSError) and error.errno in REFUSALS
+    """Whether ``error`` is the file system (or the course, at a planted link) refusing a write, not a damaged
+    archive or a lost connection."""
+    return isinstance(error, PlantedLink) or (isinstance(error, OSError) and error.errno in REFUSALS)
 
 
 def _file_in_the_way(path: Path) -> Path | None:
@@ -58,6 +61,8 @@ def explain(error: OSError, root: Path, chosen_by: str = "--root") -> str | None
     option or a variable) chose; None for other errors."""
     if not is_refusal(error):
         return None
+    if isinstance(error, PlantedLink):
+        return error.strerror
     path = Path(error.filename) if error.filename else Path(root)
     in_the_way = _file_in_the_way(path)
     if error.errno in (errno.ENOTDIR, errno.EEXIST) and in_the_way is not None:
@@ -78,9 +83,8 @@ def check_writable(root: Path) -> None:
     is refused before anything is downloaded or extracted."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    probe = root / f".write-check-{os.getpid()}"
-    probe.write_bytes(b"")
-    probe.unlink()
+    with tempfile.TemporaryFile(dir=root):  # a new file of a name nobody knows in advance
+        pass
 
 
 def _stop(signum: int, frame: object) -> None:

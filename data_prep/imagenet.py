@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from course_utils.atomic_files import write_text_atomic
 from course_utils.data.cifar import file_md5
 from course_utils.data.generated_imagenet import GROUND_TRUTH_MEMBER, META_MEMBER, val_name
+from course_utils.shared_folders import open_file
 from data_prep import guard
 
 PUBLISHED_MD5 = {name: md5 for name, md5 in ARCHIVE_META.values()}  # torchvision's table of the official sums
@@ -185,7 +186,7 @@ def extract_class(stream: BinaryIO, target: Path, md5: str, archive: Path) -> No
             if not image.isreg() or "/" in image.name or image.name.startswith("."):
                 raise PrepError(f"{archive}: {target.name}.tar holds {image.name!r}, not an image file; "
                                 f"this is not the official training archive")
-            with open(partial / image.name, "wb") as out:
+            with open_file(partial / image.name, "wb") as out:
                 shutil.copyfileobj(inner.extractfile(image), out, 1 << 20)
     _mark(partial, md5)
     os.replace(partial, target)
@@ -197,7 +198,7 @@ def _write_image(stream: BinaryIO, target: Path, size: int) -> None:
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.partial")
-    with open(partial, "wb") as out:
+    with open_file(partial, "wb") as out:
         shutil.copyfileobj(stream, out, 1 << 20)
     os.replace(partial, target)
 

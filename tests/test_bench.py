@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from course_utils.lessons import triage as triage_command
-from course_utils.lessons.data_loading import recommend
+from course_utils.lessons.data_loading import recommend, steady_state, study_settings
 from course_utils.lessons.triage import VERDICTS, judge, triage
 
 
@@ -48,3 +48,29 @@ def test_recommendation_follows_training_not_the_loader_alone():
     assert recommend(sweep) == {"workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None}
     sweep.loc[0, "full"] = 1000  # now training without workers waits for data: the cheapest good one wins
     assert recommend(sweep) == {"workers": 1, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 2}
+
+
+def test_the_steady_state_study_never_times_across_an_epoch_boundary(tiny_root):
+    options = {"size": "ci", "data_dir": str(tiny_root), "train_samples": 128, "batch_size": 16, "workers": 0,
+               "device": "cpu"}  # 8 batches an epoch
+    with pytest.raises(ValueError, match="do not fit in one epoch of 8 batches"):
+        steady_state(warmup=2, steps=4, rounds=3, **options)
+
+
+@pytest.mark.slow
+def test_the_steady_state_study_counts_the_loaders_time_in_full_and_io_but_not_in_synthetic(tiny_root):
+    """A second per batch of 4 images in the loader, with no workers: every FULL and IO step waits for it, so
+    neither can exceed 4 images/s whatever the machine's speed, while SYNTHETIC, the model alone, does not wait."""
+    options = {"size": "ci", "data_dir": str(tiny_root), "train_samples": 64, "batch_size": 4, "workers": 0,
+               "device": "cpu"}
+    slow = steady_state(warmup=1, steps=2, rounds=3, input_delay_ms=1000, **options)
+    assert max(slow["rates"]["full"] + slow["rates"]["io"]) <= 4.0
+    assert slow["synthetic"] > slow["full"] and slow["full_over_synthetic"] < 1
+    assert len(slow["rates"]["synthetic"]) == 3 and slow["steps_per_epoch"] == 16
+
+
+def test_the_studys_settings_leave_pinning_out_without_a_gpu():
+    on_cpu, on_gpu = study_settings(gpu=False, workers=7), study_settings(gpu=True, workers=7)
+    assert not any(setting.get("pin_memory") for setting in on_cpu.values())
+    assert on_gpu["torch, 7 workers, pinned"]["pin_memory"] and "torch, 4 workers, pageable" in on_gpu
+    assert on_gpu["resident (whole data set on the device)"]["loader"] == "resident"

@@ -41,6 +41,18 @@ def test_a_damaged_file_is_named_without_unsafe_advice(tmp_path, damage):
     assert "weights_only" not in str(caught.value)
 
 
+def test_random_bytes_are_not_a_checkpoint_and_not_said_to_hold_code(tmp_path):
+    """Random files make PyTorch's loader fail in many ways (UnpicklingError, IndexError, KeyError...); each is a
+    file that is not a checkpoint, and only a file that refers to code is said to hold it."""
+    generator = torch.Generator().manual_seed(0)
+    for number in range(40):
+        path = tmp_path / f"random-{number}.pt"
+        path.write_bytes(bytes(torch.randint(0, 256, (4096,), generator=generator, dtype=torch.uint8).tolist()))
+        with pytest.raises(checkpoint.DamagedCheckpoint) as caught:
+            checkpoint.load(path)
+        assert str(caught.value).startswith(f"{path} is damaged: 4096 bytes that are not a whole PyTorch checkpoint")
+
+
 def test_kept_checkpoints_are_independent_files(tmp_path):
     for step in (1, 2):
         checkpoint.save_keeping({"model": {"w": torch.full((3,), float(step))}, "step": step}, tmp_path, step)

@@ -1,7 +1,13 @@
-"""The one-VM-against-two comparison: the class's reported numbers beside a learner's two runs."""
+"""The one-VM-against-two comparison: the class's reported numbers beside a learner's two runs; the 'VMs' run on
+this machine end with every process at their time limit."""
 
+import contextlib
+import os
+
+import psutil
 import pytest
 
+from course_utils.lessons import cloud_vms
 from course_utils.lessons.cloud_vms import answer, comparison, main
 
 
@@ -42,3 +48,21 @@ def test_a_run_that_did_not_finish_is_one_line(tmp_path, capsys):
     assert main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "did not finish" in err
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_vms_past_their_time_limit_are_ended_with_every_process(tiny_root, tmp_path, monkeypatch, free_port):
+    """Two 'VMs' (run_node.sh, torchrun, a rank each, loader workers) past the limit: none of their processes is
+    left behind when local_vms returns."""
+    tag = f"vms-{os.getpid()}"
+    monkeypatch.setenv("COURSE_TEST_VMS", tag)
+    with pytest.raises(TimeoutError, match="the 2 VMs ran past 20 s, and were ended: "):
+        cloud_vms.local_vms(2, tmp_path / "run", "--size", "ci", "--data-dir", str(tiny_root), "--workers", "2",
+                            "--epochs", "50", "--input-delay-ms", "50", port=free_port, timeout=20)
+    left = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("COURSE_TEST_VMS") == tag and process.status() != psutil.STATUS_ZOMBIE:
+                left.append(process)
+    assert not left, f"left running: {left}"

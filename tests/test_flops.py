@@ -39,3 +39,12 @@ def test_the_answer_reads_mfu_where_there_is_a_peak_and_says_why_not_elsewhere()
     assert "**48.6 TFLOP/s** achieved, **31%** of the 156 TFLOP/s dense peak" in baseline.work_and_peak(summary)
     cpu = baseline.work_and_peak({**summary, "device": "CPU", "mfu": None})
     assert "no MFU here: the peak of CPU is not in the course's table" in cpu
+
+
+def test_an_mfu_above_one_is_a_disturbed_measurement_not_a_figure():
+    from course_utils.lessons import baseline
+
+    summary = {"training_flops_per_image": 24.3e9, "images_per_second": 9000.0, "device": "NVIDIA A100-SXM4-40GB",
+               "mfu": 9000 * 24.3e9 / 156e12, "peak_tflops": 156.0, "peak_source": "NVIDIA A100 datasheet"}
+    text = baseline.work_and_peak(summary)
+    assert "**disturbed measurement**" in text and "not a finding" in text

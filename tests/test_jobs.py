@@ -2,9 +2,15 @@
 recipe runs for real as two 'VMs' on this machine."""
 
 import os
+import pwd
 import re
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -121,11 +127,11 @@ def test_course_requirements_leave_the_containers_packages_and_constrained_pins_
 HANGS_ON_LUMI = ("NCCL_NET_GDR_LEVEL",)
 
 
-def _lumi_environment(tmp_path: Path) -> dict[str, str]:
+def _lumi_environment(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The variables jobs/lumi/lumi_env.sh leaves set, sourced by bash as a job does (no module command here)."""
     script = checkout_root() / "jobs" / "lumi" / "lumi_env.sh"
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "USER": "learner", "SLURM_SUBMIT_DIR": str(tmp_path),
-           "SLURM_JOB_ID": f"{os.getpid()}"}
+           "SLURM_JOB_ID": f"{os.getpid()}", "TMPDIR": str(tmp_path), **extra}
     printed = subprocess.run(["bash", "-c", f"set -euo pipefail; source {script}; env -0"], env=env,
                              capture_output=True, text=True, check=True).stdout
     return dict(entry.split("=", 1) for entry in printed.split("\0") if "=" in entry)
@@ -134,7 +140,7 @@ def _lumi_environment(tmp_path: Path) -> dict[str, str]:
 def test_the_lumi_environment_sets_nothing_known_to_hang_and_records_what_it_sets(tmp_path):
     env = _lumi_environment(tmp_path)
     assert not set(HANGS_ON_LUMI) & set(env), "RCCL finds the GPU-direct level itself (jobs/lumi/SETTINGS.md)"
-    assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3" and env["MIOPEN_USER_DB_PATH"].startswith("/tmp/")
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
     settings = (checkout_root() / "jobs" / "lumi" / "SETTINGS.md").read_text()
     exported = re.findall(r"\b([A-Z][A-Z0-9_]+)=", (checkout_root() / "jobs" / "lumi" / "lumi_env.sh").read_text())
     unrecorded = {name for name in exported if name in env and not name.startswith("COURSE_")
@@ -142,8 +148,89 @@ def test_the_lumi_environment_sets_nothing_known_to_hang_and_records_what_it_set
     assert not unrecorded, f"set by lumi_env.sh but not in jobs/lumi/SETTINGS.md: {unrecorded}"
 
 
+def _private(folder: Path) -> bool:
+    """A folder, not a link, of this user, that only they may enter."""
+    status = folder.lstat()
+    return stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid() and stat.S_IMODE(status.st_mode) == 0o700
+
+
+def test_lumi_s_miopen_folder_is_private_and_its_name_cannot_be_guessed(tmp_path):
+    """Two jobs with the same user and job id (all another user could guess) get two private folders."""
+    environments = [_lumi_environment(tmp_path) for _ in range(2)]
+    folders = [Path(env["MIOPEN_USER_DB_PATH"]) for env in environments]
+    assert folders[0] != folders[1] and all(folder.parent == tmp_path and _private(folder) for folder in folders)
+    assert all(env["MIOPEN_CUSTOM_CACHE_DIR"] == env["MIOPEN_USER_DB_PATH"] for env in environments)
+    kept = tmp_path / "scratch" / "miopen"  # COURSE_MIOPEN_CACHE: the kernels of earlier jobs, copied in
+    kept.mkdir(parents=True, mode=0o755)
+    (kept / "gfx90a.ukdb").write_text("kernels")
+    folder = Path(_lumi_environment(tmp_path, COURSE_MIOPEN_CACHE=str(kept))["MIOPEN_USER_DB_PATH"])
+    assert _private(folder) and (folder / "gfx90a.ukdb").read_text() == "kernels"
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A folder like a node's /tmp: every user may make folders in it."""
+    folder = Path(tempfile.mkdtemp(prefix="course-node-tmp-"))
+    folder.chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def _as_nobody(*command: str) -> None:
+    """Run ``command`` as a second user, ``nobody``."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to act as a second user")
+    other = pwd.getpwnam("nobody")
+    subprocess.run(["setpriv", f"--reuid={other.pw_uid}", f"--regid={other.pw_gid}", "--clear-groups", "--",
+                    *command], check=True)
+
+
+def _course_python(tmp_path: Path, miopen: Path) -> subprocess.CompletedProcess:
+    """jobs/lumi/course_python.sh as a task of a job starts it, with MIOpen's folder at ``miopen``."""
+    (tmp_path / "venv").mkdir(exist_ok=True)
+    return subprocess.run([str(checkout_root() / "jobs" / "lumi" / "course_python.sh"), "--exec", "true"],
+                          env={"PATH": os.environ["PATH"], "COURSE_VENV": str(tmp_path / "venv"),
+                               "MIOPEN_USER_DB_PATH": str(miopen)}, capture_output=True, text=True)
+
+
+def test_a_task_on_another_node_makes_miopen_s_folder_private_or_refuses_one_it_did_not_make(tmp_path, shared_tmp):
+    miopen = shared_tmp / "course-miopen.Qx7Zp0aLm2"  # the name lumi_env.sh made on the job's first node
+    assert _course_python(tmp_path, miopen).returncode == 0 and _private(miopen)
+    assert _course_python(tmp_path, miopen).returncode == 0  # the node's next task uses it
+    miopen.chmod(0o755)
+    refused = _course_python(tmp_path, miopen)
+    assert refused.returncode == 1 and "with mode 755, not to you" in refused.stderr
+    foreign = shared_tmp / "course-miopen.guessed"
+    _as_nobody("mkdir", "-m", "777", str(foreign))  # made first by another user of the node
+    refused = _course_python(tmp_path, foreign)
+    assert refused.returncode == 1 and f"{foreign} belongs to user {pwd.getpwnam('nobody').pw_uid}" in refused.stderr
+
+
+def test_the_jupyter_app_s_python_comes_from_a_folder_no_other_user_can_write(tmp_path):
+    """Another user of the node makes the folder the Jupyter app's init used to put first on PATH (its name was
+    the user's and the job's), with a `python` of theirs in it."""
+    job = f"{os.getpid()}{time.monotonic_ns()}"
+    guessed = Path("/tmp") / f"learner-course-bin-{job}"
+    try:
+        _as_nobody("mkdir", "-m", "777", str(guessed))
+        _as_nobody("sh", "-c", f"printf '#!/bin/sh\\necho not the course\\n' > {guessed}/python; chmod 755 "
+                   f"{guessed}/python")
+        (tmp_path / "bin").mkdir()
+        init = checkout_root() / "jobs" / "lumi" / "jupyter_init.sh"
+        said = subprocess.run(["bash", "-c", f"source {init} >/dev/null; echo $PATH; command -v python"],
+                              env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "USER": "learner",
+                                   "SLURM_JOB_ID": job, "COURSE_VENV": str(tmp_path), "COURSE_CONTAINER": "x.sif",
+                                   "TMPDIR": str(tmp_path)},
+                              capture_output=True, text=True, check=True).stdout.split()
+        first = Path(said[0].split(":")[0])
+        assert first.parent == tmp_path and _private(first), said
+        assert Path(said[1]) == first / "python" and (first / "python").resolve() == init.with_name("course_python.sh")
+    finally:
+        shutil.rmtree(guessed, ignore_errors=True)
+
+
 def test_the_readmes_container_is_the_image_the_settings_were_checked_against():
-    readme = (checkout_root() / "README.md").read_text()
-    images = set(re.findall(r"COURSE_CONTAINER=\S*/(lumi-multitorch-full-[\w-]+\.sif)", readme))
+    texts = "".join((checkout_root() / name).read_text() for name in ("README.md", "docs/lumi_day_card.md"))
+    images = set(re.findall(r"COURSE_CONTAINER=\S*/(lumi-multitorch-full-[\w-]+\.sif)", texts))
     assert images == {"lumi-multitorch-full-u24r70f21m50t210-20260415_130625.sif"}
     assert images.pop() in (checkout_root() / "jobs" / "lumi" / "SETTINGS.md").read_text()

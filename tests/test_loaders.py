@@ -52,7 +52,7 @@ def test_shards_cover_the_data_exactly_once(count, shards):
         assert len(covered) == count
 
 
-@pytest.mark.parametrize("kind", ["dali", "torch"])
+@pytest.mark.parametrize("kind", ["dali", "torch", "resident"])
 def test_training_shards_split_the_labels(tiny_root, kind):
     shards = [make_loaders(kind, _spec(tiny_root), 8, CPU, shard_id=s, num_shards=2) for s in (0, 1)]
     labels = [torch.cat([batch_labels for _, batch_labels in loaders.train]) for loaders in shards]
@@ -88,8 +88,24 @@ def test_gpu_augment_crops_and_flips_like_the_cpu_transforms():
     assert not torch.allclose(augmented, BatchAugment(32, augment=False)(images))
 
 
+def test_the_resident_loader_reads_what_gpu_aug_reads_with_the_data_already_on_the_device(tiny_root):
+    """The same order (the sampler's seed and epoch) and the same crops and flips as gpu-aug, so a run's batches
+    do not depend on where its data lives; the test set too, shard by shard."""
+    resident, streamed = (make_loaders(kind, _spec(tiny_root, augment=True), 16, CPU)
+                          for kind in ("resident", "gpu-aug"))
+    assert len(resident.train) == len(streamed.train) == 6 and resident.order_generator is None
+    for epoch in (0, 1):
+        resident.set_epoch(epoch)
+        streamed.set_epoch(epoch)
+        for (mine, my_labels), (theirs, their_labels) in zip(resident.train, streamed.train):
+            assert mine.dtype == torch.uint8 and torch.equal(my_labels, their_labels)
+            assert torch.equal(resident.train_on_device(mine), streamed.train_on_device(theirs))
+    sharded = [make_loaders("resident", _spec(tiny_root), 16, CPU, shard_id=s, num_shards=2) for s in (0, 1)]
+    assert sum(len(labels) for loaders in sharded for _, labels in loaders.test) == 40
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("loader", ["dali", "gpu-aug"])
+@pytest.mark.parametrize("loader", ["dali", "gpu-aug", "resident"])
 def test_each_loader_trains(quick, tmp_path, loader):
     summary = train(**{**quick, "out": str(tmp_path), "loader": loader, "epochs": 3})
     losses = load_run(tmp_path).steps["loss"]
@@ -105,3 +121,30 @@ def test_worker_processes_forked_after_dali_do_not_hang(quick, tmp_path):
     for round_ in range(3):
         train(**{**quick, "out": str(tmp_path / f"dali{round_}"), "loader": "dali", "epochs": 1})
         train(**{**quick, "out": str(tmp_path / f"torch{round_}"), "loader": "torch", "workers": 2, "epochs": 1})
+
+
+def test_dali_and_pytorch_built_for_two_cuda_majors_are_not_put_in_one_gpu_process():
+    said = dali.runtime_mismatch(12, "13.0", gpu=True)
+    assert "CUDA 12" in said and "CUDA 13.0" in said and "pip install nvidia-dali-cuda130" in said
+    assert dali.runtime_mismatch(13, "13.0", gpu=True) is None
+    assert dali.runtime_mismatch(12, "13.0", gpu=False) is None  # DALI's CPU operators load no CUDA runtime
+    assert dali.runtime_mismatch(13, None, gpu=True) is None  # PyTorch without CUDA: nothing to mismatch
+    if torch.version.cuda:  # the course's pins agree: DALI for the CUDA of the pinned PyTorch
+        assert dali.installed_dali_cuda() == dali.cuda_major(torch.version.cuda)
+
+
+@pytest.mark.slow
+def test_workers_kept_alive_draw_the_augmentation_of_workers_started_every_epoch(tiny_root):
+    """PyTorch seeds a worker once, when it starts: kept alive (persistent_workers, the course's default), its
+    random crops would run on from the epochs before, which a resumed run never saw. Seeded per epoch by the
+    loader, both draw the same."""
+    drawn = {}
+    for persistent in (False, True):
+        loaders = make_loaders("torch", _spec(tiny_root, augment=True), 16, CPU, workers=2,
+                               persistent_workers=persistent)
+        drawn[persistent] = []
+        for epoch in (0, 1):
+            loaders.set_epoch(epoch)
+            drawn[persistent].append(torch.cat([images for images, _ in loaders.train]))
+    assert all(torch.equal(a, b) for a, b in zip(drawn[False], drawn[True]))
+    assert drawn[True][0].shape == drawn[True][1].shape and not torch.equal(drawn[True][0], drawn[True][1])

@@ -83,13 +83,15 @@ def test_the_bubble_exercise_starts_undone():
 
 def test_the_bubble_answer_reads_the_spread():
     table = pd.DataFrame({"micro-batches": [1, 2, 4, 8], "measured bubble": [0.45, 0.1, 0.4, -0.1],
-                          "lowest": [0.4, 0.05, 0.35, -0.3], "highest": [0.55, 0.2, 0.45, 0.1],
+                          "low": [0.4, 0.05, 0.35, -0.3], "high": [0.55, 0.2, 0.45, 0.1],
                           "formula": [0.5, 1 / 3, 0.2, 1 / 9]})
     lines = model_parallel.bubble_answer(table).splitlines()
     assert "inside the measured 40%-55%: no measurable difference" in lines[0]
     assert "waited less than the formula's 33%" in lines[1] and "cannot" in lines[1]
     assert "waited more than the formula's 20%" in lines[2]
     assert "disturbed measurement" in lines[3] and "not a finding" in lines[3]
+    unknown = table.iloc[:1].assign(low=float("nan"), high=float("nan"))
+    assert "the spread is unknown" in model_parallel.bubble_answer(unknown)
 
 
 def test_the_modes_answer_calls_overlapping_step_times_no_difference():
@@ -97,11 +99,12 @@ def test_the_modes_answer_calls_overlapping_step_times_no_difference():
                           "gradients MiB": [4.0, 2.0, 3.0], "optimizer_state MiB": [4.0, 2.0, 3.0],
                           "activations MiB": [10.0, 10.0, 5.0], "collectives MiB/step": [0.5, 1.0, 3.25],
                           "batch per rank": [8, 8, 16]})
-    steps = {"ddp": [0.10, 0.11, 0.12, 0.30], "fsdp": [0.105, 0.115, 0.2], "tp": [0.5, 0.6, 0.7]}
+    steps = {"ddp": [0.10, 0.11, 0.12, 0.30], "fsdp": [0.105, 0.115, 0.2], "tp": [0.5, 0.6, 0.7], "pp": [0.4]}
     answer = model_parallel.modes_answer(table, steps, on_gpus=False)
     assert "least under fsdp" in answer and "most under tp" in answer
     assert "per image of the rank's batch: ddp 1.25 MiB, fsdp 1.25 MiB, tp 0.31 MiB" in answer
-    assert "measurably slower (quartiles apart): tp" in answer and "no measurable difference from fsdp" in answer
+    assert "measurably slower: tp" in answer and "no measurable difference from fsdp" in answer
+    assert "spread unknown (too few steps) for pp" in answer
     assert answer.endswith("(CPU processes on a shared machine: not GPU speed).")
     assert "**Peak**" not in answer  # CPU processes: no allocator high-water mark to read
     on_gpus = model_parallel.modes_answer(table.assign(**{"peak MiB": [30.0, 20.0, 25.0]}), steps, on_gpus=True)

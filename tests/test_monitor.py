@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from course_utils.lessons import monitoring
+from course_utils.lessons.monitoring import monitor_cost, monitor_cost_goals, monitor_cost_reading
 from course_utils.observe.monitor import (
     BackendUnavailable,
     Monitor,
@@ -19,7 +20,9 @@ from course_utils.observe.monitor import (
     this_process_rows,
 )
 from course_utils.observe.monitor.__main__ import main
+from course_utils.observe.monitor.backends import Backend
 from course_utils.observe.monitor.views import live, timeline
+from course_utils.observe.noise import SLOWER
 
 FIXTURES = Path(__file__).parent / "fixtures" / "monitor"
 
@@ -256,3 +259,37 @@ def test_each_nodes_utilization_is_that_of_the_devices_this_run_used_there():
     on_a_cpu = node_utilization([{"node_rank": 0, "node": "a", "pci_addresses": [""]}],
                                 [{"backend": "cpu", "devices": [_device(0, "", float("nan"))]}])
     assert on_a_cpu[0]["devices"] == [0] and on_a_cpu[0]["utilization_percent"] is None
+
+
+class _GreedyBackend(Backend):
+    """A monitor that takes the processor: each reading spins for 0.2 s in Python, holding the interpreter."""
+
+    name = "greedy"
+
+    def read(self) -> list:
+        end = time.perf_counter() + 0.2
+        while time.perf_counter() < end:
+            pass
+        return []
+
+
+def test_the_monitor_cost_study_sees_a_monitor_that_takes_the_processor():
+    """Plain / monitored / plain blocks: a monitor that spins between its samples slows the monitored blocks by far
+    more than the two plain blocks around them differ, and the study says so."""
+    def greedy(device):
+        monitor = Monitor("cpu", 0.001, device)
+        monitor.backend = _GreedyBackend()
+        return monitor
+
+    table = monitor_cost("small_cnn", 16, steps=5, rounds=3, warmup=2, make_monitor=greedy, size="ci", device="cpu")
+    cost, floor, comparison = monitor_cost_reading(table)
+    assert list(table["backend"]) == ["greedy"] * 3 and cost.count == floor.count == 3
+    assert comparison.verdict == SLOWER and cost.median > floor.median
+
+
+def test_the_monitors_cost_is_judged_only_where_the_noise_floor_can_tell_it():
+    cheap, floor = monitor_cost_goals(0.004, 0.002)
+    assert cheap.met and floor.met and "1%" in cheap.goal
+    unresolved, noisy = monitor_cost_goals(0.004, 0.03)
+    assert unresolved.met is None and noisy.met is False and "not judged" in unresolved.line()
+    assert monitor_cost_goals(0.05, 0.002)[0].met is False

@@ -1,5 +1,6 @@
 """Nothing lost: runs killed at arbitrary moments, or asked to stop by a signal, resume bit for bit."""
 
+import json
 import math
 import os
 import re
@@ -11,6 +12,7 @@ import time
 import pytest
 import torch
 
+from course_utils.lessons import ddp
 from course_utils.observe.metrics import load_run
 from course_utils.run_folder import RunFolder
 from course_utils.train import main, train
@@ -188,8 +190,8 @@ def test_a_damaged_checkpoint_named_on_the_command_line_is_one_clear_line(quick,
     flags = to_flags(**{**quick, "max_steps": 4}, resume=str(last))
     assert main(flags) == 1
     error = capsys.readouterr().err.strip()
-    assert error == f"error: {last} is damaged: 0 bytes that are not a whole PyTorch checkpoint (truncated or " \
-                    "overwritten)"
+    assert error == f"error: {last} is damaged: 0 bytes that are not a whole PyTorch checkpoint (truncated, " \
+                    "overwritten, or not a checkpoint at all)"
 
 
 @pytest.mark.slow
@@ -233,8 +235,85 @@ def test_resuming_a_finished_run_says_so(quick):
         train(**{**quick, "max_steps": 2}, resume="auto")
 
 
+def test_a_run_whose_summary_was_lost_at_its_last_step_gets_it_from_resume_auto(quick, capsys):
+    """A full disk when ``summary.json`` is written leaves the folder as below (the write is atomic: no file);
+    what the error and a plain rerun advise, ``--resume auto``, writes it without training again."""
+    finished = train(**quick)
+    folder = RunFolder(quick["out"])
+    folder.summary.unlink()
+    assert main(to_flags(**quick)) == 1
+    assert "continue it with --resume auto" in capsys.readouterr().err
+    summary = train(**quick, resume="auto")
+    assert "nothing left to train" in capsys.readouterr().out
+    assert json.loads(folder.summary.read_text())["steps"] == summary["steps"] == finished["steps"]
+    for name in ("final_train_loss", "test_loss", "test_top1", "epoch_seconds", "first_epoch_seconds"):
+        assert summary[name] == finished[name], name
+    assert summary["resumed_from"] == str(folder.last_checkpoint) and summary["images_per_second"] != summary[
+        "images_per_second"]  # NaN: this process timed no step, it reports none
+    with pytest.raises(ValueError, match="finished run"):  # and now it is finished
+        train(**quick, resume="auto")
+
+
+def test_a_run_at_its_last_step_without_its_last_epoch_s_record_says_what_is_lost(quick):
+    train(**quick)
+    folder = RunFolder(quick["out"])
+    folder.summary.unlink()
+    records = folder.metrics.read_text().splitlines()
+    folder.metrics.write_text("\n".join(records[:-1]) + "\n")  # the disk filled at the last epoch's record
+    with pytest.raises(ValueError, match="its last epoch's record and its summary were never written.*--overwrite"):
+        train(**quick, resume="auto")
+
+
+@pytest.mark.parametrize(("change", "told"), [
+    (lambda state: state.pop("config"), "no config"),
+    (lambda state: state.update(ranks=[]), "its ranks list holds 0 entries for a world size of 1"),
+    (lambda state: state.update(epoch="3"), "its epoch is not a whole number"),
+    (lambda state: state["config"].pop("batch_size"), "its config has no batch_size"),
+])
+def test_a_checkpoint_that_loads_but_lacks_what_a_resume_reads_is_one_clear_line(quick, capsys, change, told):
+    train(**{**quick, "max_steps": 2}, checkpoint_every=1)
+    folder = RunFolder(quick["out"])
+    state = checkpoint.load(folder.last_checkpoint)
+    change(state)
+    torch.save(state, folder.last_checkpoint)  # changed by hand, or written by another program
+    assert main(to_flags(**{**quick, "max_steps": 4}, resume=str(folder.last_checkpoint))) == 1
+    error = capsys.readouterr().err.strip()
+    assert error == (f"error: {folder.last_checkpoint} loads but is not a whole checkpoint of this course's training "
+                     f"command ({told}): written by another program or changed by hand; resume from another "
+                     "checkpoint (--resume auto passes over it), or start anew with --overwrite")
+    summary = train(**{**quick, "max_steps": 4}, resume="auto")  # what --resume auto does: the step file before it
+    assert summary["resumed_from"] == str(checkpoint.step_path(folder.checkpoints, 2))
+    assert f"skipped a checkpoint: {folder.last_checkpoint} loads but is not a whole checkpoint" in capsys.readouterr(
+        ).out
+
+
+def test_a_checkpoint_past_the_end_of_this_run_s_epoch_says_the_data_differ(quick, capsys):
+    train(**{**quick, "max_steps": 6})  # 8 steps per epoch: stopped 6 steps into the first
+    last = RunFolder(quick["out"]).last_checkpoint
+    state = checkpoint.load(last)
+    state["epoch_step"] = 20  # as a run on more data would have written it
+    torch.save(state, last)
+    assert main(to_flags(**{**quick, "max_steps": 10}, resume="auto")) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"error: {last} stopped 20 steps into epoch 1, but an epoch of this run has 8 steps: its training data is "
+        f"smaller than the data of the run that wrote it (--data-dir {quick['data_dir']}); resume on the same data, "
+        "or start a new run with another --out")
+
+
 def test_a_diverging_run_stops_at_its_step_and_keeps_the_last_good_checkpoint(quick):
     with pytest.raises(NonFiniteLossError, match=r"became (nan|inf|inf or nan) by step \d+.*last good checkpoint"):
         train(**{**quick, "epochs": 3, "log_every": 1}, lr=1e6, checkpoint_every=1)
     state = checkpoint.load(RunFolder(quick["out"]).last_checkpoint)
     assert all(torch.isfinite(value).all() for value in state["model"].values() if value.is_floating_point())
+
+
+@pytest.mark.slow
+def test_the_lessons_interrupted_run_is_stopped_however_fast_it_trains(tiny_root, tmp_path):
+    """Notebook 07's interrupted run: paced in its loader, a run of eight short steps (a GPU trains them in a
+    blink) is stopped after its checkpoint at step 2, and the resumed run finishes it at full speed."""
+    options = dict(size="ci", data_dir=str(tiny_root), train_samples=256, test_samples=64, batch_size=32, epochs=1,
+                   checkpoint_every=2, log_every=2, device="cpu")
+    stopped = ddp.interrupted_run(tmp_path, stop_after_step=2, **options)
+    assert stopped["exit_code"] == preemption.EXIT_CODE and "stopped by SIGUSR1" in stopped["marker"]
+    resumed = train(out=str(tmp_path), resume="auto", progress=False, **options)
+    assert resumed["steps"] == 8 and resumed["resumed_from"]

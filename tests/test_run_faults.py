@@ -3,6 +3,8 @@ on resume, values that make no sense, a folder that cannot take checkpoints, a f
 vendor tool that hangs or prints garbage. The run either refuses before its first step, in one line that
 names the fix, or goes on; nothing already written is lost."""
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -14,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.observe.metrics import read_records
+from course_utils.observe.metrics import MetricsWriter, read_records
 from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
-from course_utils.train import main, train
+from course_utils.train import describe_error, main, train
 from course_utils.training import checkpoint, preemption
 from course_utils.training.options import to_flags
 from course_utils.training.preemption import StopSignals
@@ -96,6 +98,34 @@ def test_a_full_disk_says_so_and_keeps_the_last_good_checkpoint(quick, tmp_path,
     last = checkpoint.load(RunFolder(out).last_checkpoint)
     assert last["step"] >= 1 and not checkpoint.step_path(RunFolder(out).checkpoints, last["step"] + 1).exists()
     assert not list(RunFolder(out).checkpoints.glob(".*.tmp"))  # the half-written file is gone
+
+
+def _fill(disk: Path) -> None:
+    """Take every free byte of ``disk``."""
+    handle = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(OSError) as full:
+            while True:
+                os.write(handle, b"\0" * 65536)
+    finally:
+        os.close(handle)
+    assert full.value.errno == errno.ENOSPC
+
+
+def test_a_full_disk_at_tensorboard_s_write_names_the_file_without_a_thread_s_traceback(small_disk, capfd):
+    folder = RunFolder(small_disk(256 * 1024) / "run")
+    writer = MetricsWriter(folder.path)
+    writer.record({"kind": "step"}, {"train/loss": 1.0}, 1)  # the metrics and the events have a page each
+    _fill(folder.path.parent)
+    scalars = {f"train/value_{index}": float(index) for index in range(20)}  # the events outgrow their page first
+    with pytest.raises(OSError) as full:
+        for step in range(2, 10_000):
+            writer.record({"kind": "step"}, scalars, step)
+    with contextlib.suppress(OSError):
+        writer.close()
+    assert full.value.errno == errno.ENOSPC and Path(full.value.filename).parent == folder.tensorboard
+    assert describe_error(full.value).startswith(f"disk full writing {full.value.filename}: free space there")
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_a_second_ctrl_c_stops_at_once():

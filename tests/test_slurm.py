@@ -47,6 +47,58 @@ def test_a_failing_job_reports_its_exit_code(cluster, tmp_path):
     assert outcome.state == "FAILED" and outcome.exit_code == 3 and not outcome.ok
 
 
+@pytest.mark.slow
+def test_a_notebook_submits_goes_on_and_reads_the_job_later(cluster, tmp_path):
+    """Notebook 08's way: submit and return, keep the job in a file, and read it from there (a new kernel too)
+    while it waits or runs, then once it has ended."""
+    script = tmp_path / "short.sbatch"
+    script.write_text("#!/bin/bash\nsleep 5\necho finished\n")
+    submitted = time.monotonic()
+    job = slurm.submit(script, options=[f"--output={tmp_path / 'short.out'}", "--time=1"], cwd=tmp_path)
+    slurm.remember(job, tmp_path / "job.json")
+    assert time.monotonic() - submitted < 5, "submitting waited for the job"
+    kept = slurm.recall(tmp_path / "job.json")
+    assert kept == job
+    early = slurm.state(kept)
+    assert not early.ended and "run this cell again later" in slurm.report(kept, early)
+    outcome = slurm.follow(kept, poll_seconds=0.5, timeout_seconds=120, echo=False)
+    assert outcome.ok and slurm.report(kept) == f"job {job.job_id} COMPLETED"
+
+
+@pytest.mark.slow
+def test_a_failed_job_is_reported_with_the_end_of_its_log(cluster, tmp_path):
+    script = tmp_path / "fail.sbatch"
+    script.write_text("#!/bin/bash\necho about to fail\nexit 3\n")
+    job = slurm.submit(script, options=[f"--output={tmp_path / 'fail.out'}", "--time=1"], cwd=tmp_path)
+    slurm.follow(job, poll_seconds=0.5, timeout_seconds=120, echo=False)
+    said = slurm.report(job)
+    assert said.startswith(f"job {job.job_id} ended FAILED, exit code 3") and "about to fail" in said
+
+
+def test_a_kept_job_reads_back_as_submitted_and_none_when_none_was(tmp_path):
+    job = slurm.Job("4242", tmp_path / "job.out", 1764000000.5)
+    assert slurm.recall(tmp_path / "job.json") is None
+    slurm.remember(job, tmp_path / "runs" / "job.json")
+    assert slurm.recall(tmp_path / "runs" / "job.json") == job
+    slurm.remember(slurm.Job("4243", None), tmp_path / "job.json")
+    assert slurm.recall(tmp_path / "job.json") == slurm.Job("4243", None)
+
+
+def test_the_report_says_to_come_back_while_the_job_waits_and_shows_the_log_of_a_failure(tmp_path):
+    log = tmp_path / "job.out"
+    job = slurm.Job("4242", log, time.time() - 60)
+    waiting = slurm.report(job, slurm.Outcome("PENDING", None, "Priority"))
+    assert waiting == f"job 4242 is PENDING (Priority): run this cell again later (its log: {log})"
+    assert slurm.report(job, slurm.Outcome("RUNNING", None, "None")).startswith("job 4242 is RUNNING: run this")
+    log.write_text("".join(f"line {n}\n" for n in range(30)) + "Traceback: the error\n")
+    failed = slurm.report(job, slurm.Outcome("FAILED", 1))
+    assert failed.startswith("job 4242 ended FAILED, exit code 1; the end of its log:")
+    assert failed.endswith("Traceback: the error") and "line 10\n" not in failed
+    # A log older than the job is an earlier job's: not shown as this one's.
+    assert "line 29" not in slurm.report(slurm.Job("4243", log, time.time() + 60), slurm.Outcome("FAILED", 1))
+    assert slurm.report(job, slurm.Outcome("COMPLETED", 0)) == "job 4242 COMPLETED"
+
+
 def test_submitting_without_slurm_says_so(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert not slurm.available()

@@ -3,6 +3,7 @@ torchrun, trained to the same losses as one process at the same global batch (an
 sharded checkpoint resumed on another layout; the combinations that cannot work refused by name."""
 
 import pytest
+import torch
 
 from course_utils.observe import communication
 from course_utils.observe.metrics import read_records
@@ -11,7 +12,8 @@ from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training import checkpoint, models
-from course_utils.training.options import to_flags
+from course_utils.training.options import TrainOptions, to_flags
+from course_utils.training.setup import check_parallel_options
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 GLOBAL_BATCH = 16
@@ -115,3 +117,25 @@ def test_the_data_parallel_modes_train_the_vision_transformer_like_one_process(m
     out = tmp_path / mode
     _ranks(2, tiny_root, out, distributed=mode, batch_size=GLOBAL_BATCH // 2)
     assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
+
+
+@pytest.mark.parametrize(("distributed", "tp_size", "ranks", "told"), [
+    ("tp", 4, 2, "--distributed tp splits each layer over all 2 ranks, not --tp-size 4: drop --tp-size, or start 4 "
+                 "ranks (torchrun --nproc-per-node 4, or srun with 4 tasks)"),
+    ("tp", 1, 2, "--distributed tp splits each layer over all 2 ranks, not --tp-size 1: drop --tp-size"),
+    ("tp", 2, 4, "not --tp-size 2: drop --tp-size, or start 2 ranks (torchrun --nproc-per-node 2, or srun with 2 "
+                 "tasks), or use --distributed fsdp-tp --tp-size 2 (FSDP over the groups)"),
+    ("tp", None, 1, "--distributed tp with 1 rank: it splits each layer over 2 or more ranks; start 2 ranks"),
+    ("fsdp-tp", 4, 2, "--distributed fsdp-tp with 2 rank(s) and --tp-size 4: it needs 2 or more groups of 4 ranks "
+                      "(8, 12, ... ranks); start 8 ranks (torchrun --nproc-per-node 8, or srun with 8 tasks), or use "
+                      "--distributed none"),
+    ("fsdp-tp", 4, 6, "it needs 2 or more groups of 4 ranks (8, 12, ... ranks); start 8 ranks (torchrun "
+                      "--nproc-per-node 8, or srun with 8 tasks), or --tp-size 3 for these 6 ranks"),
+    ("fsdp-tp", None, 2, "--distributed fsdp-tp with 2 rank(s) and --tp-size 2: it needs 2 or more groups of 2"),
+    ("fsdp-tp", 1, 4, "--distributed fsdp-tp with --tp-size 1: a layer is split over 2 or more ranks"),
+])
+def test_a_layout_the_ranks_cannot_form_is_refused_with_the_numbers_that_fit(distributed, tp_size, ranks, told):
+    options = TrainOptions.from_keywords(size="ci", model="vit_tiny", distributed=distributed, tp_size=tp_size)
+    with pytest.raises(ValueError) as refused:
+        check_parallel_options(options, ranks, torch.device("cpu"))
+    assert told in str(refused.value)

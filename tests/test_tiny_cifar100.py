@@ -6,6 +6,7 @@ import pytest
 import torch
 from torchvision.datasets import CIFAR100
 
+from course_utils.data import generated_cifar100
 from course_utils.data.cifar import (
     DatasetCorruptError,
     DatasetMissingError,
@@ -140,6 +141,29 @@ def test_the_sums_are_those_of_the_files_the_parameters_make(tmp_path):
     assert "md5" not in manifest  # only what makes the files
     assert expected_md5(tmp_path) == {name: file_md5(tmp_path / "cifar-100-python" / name)
                                       for name in ("train", "test", "meta")}
+
+
+def test_the_sums_are_computed_once_and_kept_in_the_users_cache_not_the_data_folder(tmp_path, monkeypatch):
+    """A new process (the cache of this one cleared) reads the sums the generator kept instead of making the files
+    again, the 12 s of the full-size stand-in; a damaged cache file is made again, not trusted."""
+    monkeypatch.setenv(generated_cifar100.CACHE_VARIABLE, str(tmp_path / "cache"))
+    generate(tmp_path / "data", train=110, test=100, seed=5)
+    sums = {name: file_md5(tmp_path / "data" / "cifar-100-python" / name) for name in ("train", "test", "meta")}
+    assert not list((tmp_path / "data").rglob("*md5*")) and generated_cifar100.sums_cache().is_file()
+    generated_cifar100.expected_md5.cache_clear()
+
+    def not_again(*args):
+        raise AssertionError("the files were made again")
+
+    monkeypatch.setattr(generated_cifar100, "file_bytes", not_again)
+    assert expected_md5(tmp_path / "data") == sums
+    assert VerifiedCIFAR100(tmp_path / "data").data.shape == (110, 32, 32, 3)
+    monkeypatch.undo()
+    monkeypatch.setenv(generated_cifar100.CACHE_VARIABLE, str(tmp_path / "cache"))
+    generated_cifar100.sums_cache().write_text("{not json")
+    generated_cifar100.expected_md5.cache_clear()
+    assert expected_md5(tmp_path / "data") == sums  # made again from the parameters, and kept anew
+    assert json.loads(generated_cifar100.sums_cache().read_text())
 
 
 def test_the_sample_grid_says_the_ci_images_are_generated_patterns(tiny_root):

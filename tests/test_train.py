@@ -107,7 +107,7 @@ def test_help_documents_every_flag():
     text = build_parser().format_help()
     for flag in ("--size", "--model", "--epochs", "--max-steps", "--batch-size", "--lr", "--workers", "--seed",
                  "--data", "--data-dir", "--no-augment", "--image-size", "--out", "--log-every",
-                 "--pin-memory", "--persistent-workers", "--prefetch-factor"):
+                 "--pin-memory", "--no-persistent-workers", "--prefetch-factor", "--loader", "--warmup-steps"):
         assert flag in text
     for action in build_parser()._actions:
         assert action.help, f"{action.option_strings} has no help text"

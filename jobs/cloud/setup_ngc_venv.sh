@@ -22,7 +22,7 @@ read -ra constraints <<<"${PIP_CONSTRAINT:-}"
 "$venv/bin/python" jobs/course_requirements.py --without torch torchvision nvidia-dali \
   --constraints "${constraints[@]}" >"$requirements"
 "$venv/bin/python" -m pip install -r "$requirements"
-echo "setup_ngc_venv: pip's notes that course-utils requires torch, torchvision or nvidia-dali-cuda120 are expected"
+echo "setup_ngc_venv: pip's notes that course-utils requires torch, torchvision or nvidia-dali-cuda130 are expected"
 
 # The check: the container's CUDA torch, and what it differs in from the course's pins.
 "$venv/bin/python" - <<'PY'

@@ -11,7 +11,13 @@
 # there, then run the command given), with the file systems bound by the lumi-aif-singularity-bindings
 # module (jobs/lumi/lumi_env.sh loads it) or, without it, by the bindings LUMI documents.
 set -euo pipefail
-mkdir -p "${MIOPEN_USER_DB_PATH:-/tmp/$(id -un)-miopen}"
+# (Through the link the Jupyter app puts on PATH as `python`: the folder of the script itself.)
+source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/private_tmp.sh"
+# MIOpen's private folder of this job (jobs/lumi/lumi_env.sh made it on the first node): made on this node, or
+# checked to be this user's before MIOpen writes there.
+if [[ -n "${MIOPEN_USER_DB_PATH:-}" ]]; then
+  course_private_folder "$MIOPEN_USER_DB_PATH"
+fi
 venv=${COURSE_VENV:-.venv}
 if [[ ! -d $venv ]]; then
   echo "course_python: no venv at $venv (make it with jobs/lumi/setup_venv.sh; README, 'On LUMI')" >&2

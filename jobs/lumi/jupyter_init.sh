@@ -6,10 +6,12 @@
 course_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 export COURSE_VENV=${COURSE_VENV:-$course_root/.venv}
 
-# MIOpen's caches in /tmp (memory of this session, emptied when it ends), as in jobs/lumi/lumi_env.sh.
-export MIOPEN_USER_DB_PATH="/tmp/${USER:-$(id -un)}-miopen-${SLURM_JOB_ID:-$$}"
-export MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"
-mkdir -p "$MIOPEN_USER_DB_PATH"
+source "$course_root/jobs/lumi/private_tmp.sh"
+# MIOpen's caches in a private folder in /tmp (memory of this session, emptied when it ends), as in
+# jobs/lumi/lumi_env.sh.
+if MIOPEN_USER_DB_PATH=$(course_new_private_folder course-miopen); then
+  export MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR=$MIOPEN_USER_DB_PATH
+fi
 # The inline %tensorboard cannot reach the compute node through the web interface's proxy:
 # course_utils.observe.tensorboard.show() names the TensorBoard app instead.
 export COURSE_TENSORBOARD_APP="the web interface's Apps > TensorBoard"
@@ -26,14 +28,18 @@ if [[ -n "${COURSE_CONTAINER:-}" ]]; then
   if [[ -z "${SINGULARITY_BIND:-}" ]] && type module >/dev/null 2>&1; then
     module use /appl/local/laifs/modules && module load lumi-aif-singularity-bindings
   fi
-  # `python` is jobs/lumi/course_python.sh: JupyterLab and its kernels run inside the container.
-  course_bin="/tmp/${USER:-$(id -un)}-course-bin-${SLURM_JOB_ID:-$$}"
-  mkdir -p "$course_bin"
-  ln -sf "$course_root/jobs/lumi/course_python.sh" "$course_bin/python"
-  export PATH="$course_bin:$PATH"
+  # `python` is jobs/lumi/course_python.sh: JupyterLab and its kernels run inside the container. Its folder
+  # comes first on PATH, so it is private: nobody else can put another `python` there.
+  if course_bin=$(course_new_private_folder course-bin) &&
+      ln -s "$course_root/jobs/lumi/course_python.sh" "$course_bin/python"; then
+    export PATH="$course_bin:$PATH"
+  else
+    echo "course environment: no private folder in ${TMPDIR:-/tmp} for the container's python" >&2
+  fi
   unset course_bin
 else
   source "$COURSE_VENV/bin/activate"
 fi
 unset course_root
+unset -f course_new_private_folder course_private_folder
 echo "course environment: $(command -v python) (COURSE_CONTAINER=${COURSE_CONTAINER:-none}, venv $COURSE_VENV)"

@@ -8,6 +8,7 @@
 # image, else the venv made with PyTorch's ROCm wheels (README, "On LUMI"; jobs/lumi/course_python.sh).
 # Sources: LUMI user guide (docs.lumi-supercomputer.eu: runjobs/scheduled-jobs/distribution-binding,
 # software/packages/pytorch, laif/software/ai-environment, storage) and the LUMI AI guide.
+source "$(dirname "${BASH_SOURCE[0]}")/private_tmp.sh"
 cd "${SLURM_SUBMIT_DIR:-.}"
 export COURSE_SIZE=${COURSE_SIZE:-workshop}
 
@@ -26,18 +27,19 @@ if [[ -n "${COURSE_CONTAINER:-}" && -z "${SINGULARITY_BIND:-}" ]] && type module
   unset _course_u
 fi
 
-# MIOpen's kernel cache and its user database (its tuning results) in /tmp, one folder per job: MIOpen's
-# file locking does not work on Lustre (/scratch, /project, /home), and a folder per job never meets a
-# stale or foreign one. /tmp on a LUMI compute node is memory counted in the job's allocation, and it is
-# emptied when the job ends, so nothing of it persists: each job compiles its kernels anew (notebook 01).
-# COURSE_MIOPEN_CACHE=/scratch/<project>/$USER/miopen keeps them between jobs: copied into /tmp when
-# the job starts and back when the job script ends (on the job's first node).
-export MIOPEN_USER_DB_PATH="/tmp/${USER:-$(id -un)}-miopen-${SLURM_JOB_ID:-$$}"
-export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
-mkdir -p "$MIOPEN_USER_DB_PATH"
+# MIOpen's kernel cache and its user database (its tuning results) in /tmp, one private folder per job
+# (jobs/lumi/private_tmp.sh: made by mktemp -d, as LUMI's AI guide does): MIOpen's file locking does not work
+# on Lustre (/scratch, /project, /home), and a folder per job never meets a stale or foreign one. The job's
+# tasks on other nodes make the same folder there (course_python.sh). /tmp on a LUMI compute node is memory
+# counted in the job's allocation, and it is emptied when the job ends, so nothing of it persists: each job
+# compiles its kernels anew (notebook 01). COURSE_MIOPEN_CACHE=/scratch/<project>/$USER/miopen keeps them
+# between jobs: copied into /tmp when the job starts and back when the job script ends (on the job's first node).
+MIOPEN_USER_DB_PATH=$(course_new_private_folder course-miopen)
+export MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR=$MIOPEN_USER_DB_PATH
 if [[ -n "${COURSE_MIOPEN_CACHE:-}" ]]; then
   mkdir -p "$COURSE_MIOPEN_CACHE"
   cp -a "$COURSE_MIOPEN_CACHE/." "$MIOPEN_USER_DB_PATH/"
+  chmod 700 "$MIOPEN_USER_DB_PATH"  # cp -a gave it the mode of the cache's folder
   trap 'cp -a "$MIOPEN_USER_DB_PATH/." "$COURSE_MIOPEN_CACHE/" || true' EXIT
 fi
 

@@ -49,7 +49,7 @@ requirements=$(mktemp)
 trap 'rm -f "$requirements"' EXIT
 "$venv/bin/python" jobs/course_requirements.py --without torch torchvision nvidia-dali >"$requirements"
 "$venv/bin/python" -m pip install -r "$requirements"
-echo "setup_venv: pip's notes that course-utils requires torch, torchvision or nvidia-dali-cuda120 are expected here"
+echo "setup_venv: pip's notes that course-utils requires torch, torchvision or nvidia-dali-cuda130 are expected here"
 
 # The check: a ROCm build of torch, and which one.
 "$venv/bin/python" - "$(pin torch)" <<'EOF'

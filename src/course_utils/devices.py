@@ -8,10 +8,11 @@ the distributed set-up ask this module instead of repeating those checks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +137,36 @@ def default_device() -> torch.device:
     """The device this process trains on: its current GPU (the first, unless joining a process group
     made it this rank's own), else the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def has_tf32(device: torch.device) -> bool:
+    """Whether fp32 work on ``device`` may run on TF32 tensor cores: NVIDIA GPUs since Ampere (compute
+    capability 8.0). A CPU and an MI250X compute fp32 as fp32."""
+    return (device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (8, 0))
+
+
+def tf32_convolutions() -> bool:
+    """Whether this process runs fp32 convolutions in TF32 where the device can (PyTorch's default)."""
+    return torch.backends.cudnn.conv.fp32_precision != "ieee"
+
+
+@contextlib.contextmanager
+def fp32_precision(mode: str) -> Iterator[None]:
+    """fp32 convolutions and matrix products in ``mode`` inside the block: "ieee" (strict fp32, off the TF32
+    tensor cores) or "tf32"; the process's own settings again after it (they are global to the process)."""
+    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
+    before = conv.fp32_precision, matmul.fp32_precision
+    conv.fp32_precision = matmul.fp32_precision = mode
+    try:
+        yield
+    finally:
+        conv.fp32_precision, matmul.fp32_precision = before
+
+
+def strict_fp32() -> contextlib.AbstractContextManager[None]:
+    """Strict fp32 inside the block: what an MI250X or a CPU computes anyway (:func:`fp32_precision`)."""
+    return fp32_precision("ieee")
 
 
 def pci_address(device: torch.device) -> str:

@@ -72,6 +72,12 @@ class RunFolder:
         """The file a running run keeps locked, so that a second run in the same folder refuses to start."""
         return self.path / HOLD
 
+    @property
+    def own_paths(self) -> list[Path]:
+        """What the course writes under the names it gives, in the folder and its checkpoints folder."""
+        return [self.hold, self.metrics, self.summary, self.tensorboard, self.monitor, self.preempted,
+                self.checkpoints, self.last_checkpoint]
+
     def read_summary(self) -> dict[str, Any]:
         """The finished run's ``summary.json``; a clear error when the run did not finish."""
         if not self.summary.is_file():

@@ -12,8 +12,10 @@ Sharding (``shard_id`` / ``num_shards``) follows ``DistributedSampler``: each sh
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import math
 import platform
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -35,11 +37,41 @@ def check_available() -> None:
         raise DaliUnavailable(f"NVIDIA DALI has no ROCm build; {AMD_HINT}")
     if platform.machine() not in ("x86_64", "aarch64"):
         raise DaliUnavailable(f"NVIDIA DALI has no build for {platform.machine()}; {AMD_HINT}")
+    wanted = f"nvidia-dali-cuda{cuda_major(torch.version.cuda) or 13}0"
     try:
         import nvidia.dali  # noqa: F401
     except ImportError as error:
-        raise DaliUnavailable("NVIDIA DALI is not installed: pip install nvidia-dali-cuda120 "
-                              f"(x86_64 with an NVIDIA GPU or none); {AMD_HINT}") from error
+        raise DaliUnavailable(f"NVIDIA DALI is not installed: pip install {wanted} (x86_64 with an NVIDIA GPU or "
+                              f"none); {AMD_HINT}") from error
+    mismatch = runtime_mismatch(installed_dali_cuda(), torch.version.cuda, torch.cuda.is_available())
+    if mismatch:
+        raise DaliUnavailable(mismatch)
+
+
+def cuda_major(version: str | None) -> int | None:
+    """12 for "12.8", 13 for "13.0"; None without one (a CPU or ROCm build)."""
+    return int(version.split(".")[0]) if version else None
+
+
+def installed_dali_cuda() -> int | None:
+    """The CUDA major version the installed DALI wheel was built for (``nvidia-dali-cuda130``: 13)."""
+    for distribution in importlib.metadata.distributions():
+        found = re.fullmatch(r"nvidia-dali-cuda(\d+?)0", (distribution.metadata["Name"] or "").lower())
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def runtime_mismatch(dali_cuda: int | None, torch_cuda: str | None, gpu: bool) -> str | None:
+    """Why DALI and PyTorch must not share this GPU process: each would load its own CUDA runtime (DALI's
+    built for one major version, PyTorch's for another), a pairing neither project tests. None where they agree,
+    or where no GPU is used (DALI's CPU operators need no CUDA runtime)."""
+    if not gpu or dali_cuda is None or cuda_major(torch_cuda) in (None, dali_cuda):
+        return None
+    return (f"the installed DALI is built for CUDA {dali_cuda} and this PyTorch for CUDA {torch_cuda}: two CUDA "
+            f"runtimes in one process, never tested together. Install the matching wheel: pip install "
+            f"nvidia-dali-cuda{cuda_major(torch_cuda)}0 (and pip uninstall nvidia-dali-cuda{dali_cuda}0), or use "
+            "--loader gpu-aug")
 
 
 def shard_order(count: int, epoch: int, seed: int, shuffle: bool, shard_id: int, num_shards: int) -> np.ndarray:

@@ -8,8 +8,11 @@ model learns well above chance in a CI run.
 
 The files are a pure function of three numbers (training images, test images, seed), which the
 manifest beside them records. Their MD5 sums, which guard the unpickling, are therefore not read
-from any file: :func:`expected_md5` makes the files again in memory and hashes them, so a
+from the data folder: :func:`expected_md5` makes the files again in memory and hashes them, so a
 manifest or pickle changed by someone else in a shared data folder is refused before it is loaded.
+Making the full-size stand-in again costs about 12 s, so the sums are computed once (when the files are
+generated, or at their first check) and kept in the user's own cache folder, beside the generator's
+parameters and NumPy's version, which the files depend on: never in the data folder, which others may write.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import pickle
 from pathlib import Path
 
 import numpy as np
 from torchvision.datasets import CIFAR100
 
-from course_utils.atomic_files import whole_directory
+from course_utils.atomic_files import whole_directory, write_text_atomic
 from course_utils.data.cifar100_labels import COARSE_LABEL_NAMES, COARSE_OF_FINE, FINE_LABEL_NAMES
 
 FOLDER = CIFAR100.base_folder  # "cifar-100-python"
@@ -98,10 +102,51 @@ def file_bytes(train: int, test: int, seed: int) -> dict[str, bytes]:
     return {name: pickle.dumps(value, protocol=2) for name, value in contents.items()}
 
 
+CACHE_VARIABLE = "COURSE_CACHE_DIR"  # where the kept sums live (default: $XDG_CACHE_HOME or ~/.cache, course-utils/)
+
+
+def sums_cache() -> Path:
+    """The user's own file of kept sums: in ``$COURSE_CACHE_DIR``, else the user's cache folder."""
+    folder = os.environ.get(CACHE_VARIABLE) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
+        "course-utils"
+    return Path(folder) / "generated-cifar100-md5.json"
+
+
+def _cache_key(train: int, test: int, seed: int) -> str:
+    return json.dumps({"train": train, "test": test, "seed": seed, "numpy": np.__version__}, sort_keys=True)
+
+
+def _kept() -> dict:
+    try:
+        kept = json.loads(sums_cache().read_text())
+    except (OSError, ValueError):  # none yet, or a damaged file: computed again
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def _keep(key: str, sums: dict[str, str]) -> None:
+    """Add ``sums`` to the cache; a cache folder that cannot be written costs the next process the time again."""
+    try:
+        write_text_atomic(sums_cache(), json.dumps({**_kept(), key: sums}, indent=1) + "\n")
+    except OSError:
+        pass
+
+
+def md5_of(files: dict[str, bytes]) -> dict[str, str]:
+    return {name: hashlib.md5(data).hexdigest() for name, data in files.items()}
+
+
 @functools.cache
 def expected_md5(train: int, test: int, seed: int) -> dict[str, str]:
-    """File name -> MD5 of the files these parameters make, computed here (about a second at the ``ci`` size)."""
-    return {name: hashlib.md5(data).hexdigest() for name, data in file_bytes(train, test, seed).items()}
+    """File name -> MD5 of the files these parameters make: kept from an earlier process, else computed here
+    (about a second at the ``ci`` size, 12 s at the official sizes) and kept."""
+    key = _cache_key(train, test, seed)
+    kept = _kept().get(key)
+    if isinstance(kept, dict) and set(kept) == {"train", "test", "meta"}:
+        return kept
+    sums = md5_of(file_bytes(train, test, seed))
+    _keep(key, sums)
+    return sums
 
 
 def parameters(manifest: dict) -> tuple[int, int, int]:
@@ -117,6 +162,7 @@ def parameters(manifest: dict) -> tuple[int, int, int]:
 def generate(root: Path, train: int = 5000, test: int = 1000, seed: int = 0) -> Path:
     """Write ``root/cifar-100-python`` atomically and return that folder."""
     files = file_bytes(train, test, seed)
+    _keep(_cache_key(train, test, seed), md5_of(files))  # the processes that read them need not make them again
     with whole_directory(Path(root) / FOLDER) as folder:
         for name, data in files.items():
             (folder / name).write_bytes(data)

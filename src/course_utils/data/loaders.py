@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate, get_worker_info
 
 from course_utils.data import coco
 from course_utils.data.dali import DaliLoader
 from course_utils.data.datasets import DataSpec, build_datasets, image_arrays, uint8_datasets
 from course_utils.data.gpu_augment import BatchAugment
+from course_utils.data.resident import ResidentLoader
 
-LOADERS = ("torch", "dali", "gpu-aug")
+LOADERS = ("torch", "dali", "gpu-aug", "resident")
 
 
 class DelayedCollate:
@@ -70,6 +71,40 @@ def seeded_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+class EpochSeeded(Subset):
+    """All of ``dataset``, whose worker processes draw their augmentation from a seed the loader sets at every
+    epoch's start (:class:`EpochSeededLoader`): the same crops and flips whether the workers are started again each
+    epoch or kept alive (``persistent_workers``), so that a resumed run repeats the uninterrupted one exactly.
+    (PyTorch seeds a worker once, when it starts: kept alive, its random numbers would run on from the epochs
+    before, which a resumed run never saw.)"""
+
+    def __init__(self, dataset: Dataset) -> None:
+        super().__init__(dataset, range(len(dataset)))
+        self.epoch_seed = torch.zeros((), dtype=torch.int64).share_memory_()  # seen by every worker
+        self._seeded: int | None = None
+
+    def __getitem__(self, index: int) -> Any:
+        worker = get_worker_info()
+        if worker is not None and int(self.epoch_seed) != self._seeded:
+            self._seeded = int(self.epoch_seed)
+            torch.manual_seed(self._seeded + worker.id)
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> list:
+        return [self[index] for index in indices]
+
+
+class EpochSeededLoader(DataLoader):
+    """A DataLoader over :class:`EpochSeeded` data that draws each epoch's worker seed from its generator when
+    an epoch's iteration starts, as PyTorch draws a new worker's base seed: a checkpoint that restores the
+    generator restores the augmentation too."""
+
+    def __iter__(self):
+        if self.num_workers > 0:
+            self.dataset.epoch_seed.fill_(int(torch.randint(2**62, (), generator=self.generator)))
+        return super().__iter__()
+
+
 def shard_sampler(dataset: Dataset, shard_id: int = 0, num_shards: int = 1, seed: int = 0) -> DistributedSampler:
     """The shuffled share of ``dataset`` that shard (rank) ``shard_id`` of ``num_shards`` reads.
 
@@ -104,8 +139,9 @@ def build_loader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: i
         raise ValueError(
             f"batch size {batch_size} is larger than the data each process reads: {available} samples{share}; "
             f"lower --batch-size or use more samples")
-    return DataLoader(
-        dataset,
+    seeded = shuffle and workers > 0  # training with workers: augmentation drawn in them, seeded per epoch
+    return (EpochSeededLoader if seeded else DataLoader)(
+        EpochSeeded(dataset) if seeded else dataset,
         batch_size=batch_size,
         sampler=sampler,
         num_workers=workers,
@@ -156,7 +192,8 @@ def make_loaders(kind: str, spec: DataSpec, batch_size: int, device: torch.devic
                  pin_memory: bool = False, persistent_workers: bool = False, prefetch_factor: int | None = None,
                  delay_seconds: float = 0.0, shard_id: int = 0, num_shards: int = 1) -> Loaders:
     """Training and test loaders of ``kind``: ``torch`` (augmentation in the workers), ``dali``
-    (an NVIDIA DALI pipeline) or ``gpu-aug`` (uint8 batches, augmented on the device)."""
+    (an NVIDIA DALI pipeline), ``gpu-aug`` (uint8 batches, augmented on the device) or ``resident`` (the whole
+    uint8 data set on the device, indexed and augmented there)."""
     options = dict(workers=workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
                    prefetch_factor=prefetch_factor, seed=spec.seed, shard_id=shard_id, num_shards=num_shards,
                    # Detection images differ in size: a batch is a list of images and a list of targets.
@@ -172,6 +209,18 @@ def make_loaders(kind: str, spec: DataSpec, batch_size: int, device: torch.devic
                                                    seeded_generator(spec.seed * 1_000 + shard_id))
             loaders.test_on_device = BatchAugment(spec.image_size, False)
         return loaders
+    if kind == "resident":
+        train, test = uint8_datasets(spec)
+        if batch_size > len(train) // num_shards:
+            raise ValueError(f"batch size {batch_size} is larger than the data each process reads: "
+                             f"{len(train) // num_shards} samples; lower --batch-size or use more samples")
+        return Loaders(
+            ResidentLoader(train, batch_size, device, sampler=shard_sampler(train, shard_id, num_shards, spec.seed),
+                           drop_last=True),
+            ResidentLoader(test, min(batch_size, len(test) // num_shards), device, sampler=None, drop_last=False,
+                           shard_id=shard_id, num_shards=num_shards),
+            train_on_device=BatchAugment(spec.image_size, spec.augment, seeded_generator(spec.seed * 1_000 + shard_id)),
+            test_on_device=BatchAugment(spec.image_size, False), test_sharded=num_shards > 1)
     if kind == "dali":
         train, test = (image_arrays(split) for split in uint8_datasets(spec))
         threads = max(1, workers)

@@ -8,7 +8,6 @@ holds what reads its measurements and the course's run.
 from __future__ import annotations
 
 import functools
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,67 +17,62 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from course_utils.lessons.exercises import Check, fixed_batches, tiny_cnn
-from course_utils.lessons.noise import DISTURBED, measurable, relative_spread, spread_text
 from course_utils.observe.clocks import steady_median
 from course_utils.observe.metrics import Run
-
-
-def _iteration_spread(seconds: list[float]) -> float:
-    """The spread of single steady iterations: the 10th to the 90th percentile, over the median."""
-    if len(seconds) < 10:
-        return relative_spread(seconds)
-    deciles = statistics.quantiles(seconds, n=10)
-    return (deciles[-1] - deciles[0]) / statistics.median(seconds)
+from course_utils.observe.noise import (
+    DISTURBED_CAUSE,
+    MIN_SAMPLES,
+    SLOWER,
+    UNKNOWN,
+    Measurement,
+    compare,
+    outside,
+    spread_text,
+)
 
 
 def _first_iterations(its: list[float], skip: int) -> str:
-    steady = steady_median(its, skip)
-    spread = _iteration_spread(its[skip:])
-    first_mean = statistics.mean(its[:5])
-    ratio = first_mean / steady
-    figures = (f"- The very first iteration took **{its[0] * 1000:.0f} ms**; the first five averaged "
-               f"**{first_mean * 1000:.0f} ms**, against a steady-state median of **{steady * 1000:.1f} ms** "
-               f"({ratio:.1f}x; single steady iterations spread by {spread_text(spread)})")
-    if ratio < 1 and measurable(ratio, spread):
-        return (f"{figures}: the start measured *faster* than the steady state, which cannot be: the first "
-                f"iterations do the same work plus the one-time costs. A **disturbed measurement**. {DISTURBED}; "
-                "run the cell again.")
-    if not measurable(ratio, spread):
-        return f"{figures}: **no measurable difference** here; the one-time costs are smaller than the noise."
-    return f"{figures}: the one-time costs land there."
+    steady = Measurement.of(its[skip:])
+    first = compare(Measurement.once(1 / its[0]), steady.inverse(), bound=(0, 1),
+                    why="the first iteration does a steady one's work plus the one-time costs")
+    figures = (f"- The very first iteration took **{its[0] * 1000:.0f} ms**, against a steady-state median of "
+               f"**{steady.median * 1000:.1f} ms** (steady iterations: {spread_text(steady)}); its speed against "
+               f"the steady state's: {first.sentence()}")
+    if first.verdict == SLOWER:
+        return f"{figures} The one-time costs land there."
+    return figures
 
 
 def _epochs(run: Run, steady: float) -> list[str]:
     epochs = run.epochs["seconds"].tolist()
-    later = statistics.mean(epochs[1:])
-    spread = relative_spread(epochs[1:])
-    ratio = epochs[0] / later
-    figures = (f"- The first epoch took **{epochs[0]:.2f} s**, the later ones **{later:.2f} s** on average "
-               f"({ratio:.2f}x; the later epochs spread by {spread_text(spread)})")
-    if len(epochs) < 3:
-        lines = [f"{figures}. With one later epoch there is no spread to judge the difference against: train "
-                 "three epochs or more."]
-    elif ratio < 1 and measurable(ratio, spread):
-        lines = [f"{figures}: the first measured *faster* than the rest, which cannot be, since it does the same "
-                 f"work plus the warm-up. A **disturbed measurement**: the later epochs were slowed by something "
-                 f"outside the run. {DISTURBED}. Train again before reading anything into it."]
-    elif measurable(ratio, spread):
-        lines = [f"{figures}: the first was **slower**. Warm-up cost about **{epochs[0] - later:.2f} s** once, "
-                 f"while one epoch costs {later:.2f} s every time: measure speed after warm-up, never from the "
-                 "first epoch."]
-    else:
-        lines = [f"{figures}: **no measurable difference**. The one-time costs are smaller than an epoch's noise "
-                 "here; they show in the first iterations instead."]
+    later = Measurement.of(epochs[1:])
+    first = compare(Measurement.once(1 / epochs[0]), later.inverse(), bound=(0, 1),
+                    why="the first epoch does a later epoch's work plus the warm-up")
+    lines = [f"- The first epoch took **{epochs[0]:.2f} s**, the later ones **{later.median:.2f} s** (median; "
+             f"{spread_text(later)}); its speed against theirs: {first.sentence()}"]
+    if first.verdict == SLOWER:
+        lines.append(f"- Warm-up cost about **{epochs[0] - later.median:.2f} s** once, while one epoch costs "
+                     f"{later.median:.2f} s every time: measure speed after warm-up, never from the first epoch.")
+    elif first.verdict == UNKNOWN:
+        lines.append(f"- Train {MIN_SAMPLES + 1} epochs or more to judge the first against the later ones.")
     predicted = run.summary["steps_per_epoch"] * steady
     starts = run.iterations.groupby("epoch")["seconds"].first().iloc[1:]
     cfg = run.summary.get("config", {})
     restarting = cfg.get("workers", 0) > 0 and not cfg.get("persistent_workers", False)
     cause = " (its data-loader workers start anew)" if restarting else ""
-    lines.append(f"- An epoch is the sum of its iterations, not iterations x typical iteration: "
-                 f"{run.summary['steps_per_epoch']} x {steady * 1000:.1f} ms = **{predicted:.2f} s**, against "
-                 f"{later:.2f} s measured. The difference is the slow iterations; the first of each later epoch "
-                 f"alone took **{starts.mean() * 1000:.0f} ms** on average{cause}, against {steady * 1000:.1f} ms "
-                 "typical.")
+    product = (f"{run.summary['steps_per_epoch']} x {steady * 1000:.1f} ms = **{predicted:.2f} s**, against "
+               f"{later.median:.2f} s measured")
+    if later.known and predicted < later.low:
+        lines.append(f"- An epoch is the sum of its iterations, not iterations x typical iteration: {product}. The "
+                     f"difference is the slow iterations; the first of each later epoch alone took "
+                     f"**{starts.mean() * 1000:.0f} ms** on average{cause}, against {steady * 1000:.1f} ms typical.")
+    elif later.known and predicted > later.high:
+        lines.append(f"- Iterations x typical iteration: {product}. The later epochs were shorter than that: their "
+                     "iterations ran faster than the median of the whole steady run, so the machine's speed changed "
+                     f"while it ran. {DISTURBED_CAUSE}.")
+    else:
+        lines.append(f"- Iterations x typical iteration: {product}, inside the later epochs' spread: here an epoch "
+                     "costs its iterations and little else.")
     return lines
 
 
@@ -103,8 +97,12 @@ def work_and_peak(summary: dict) -> str:
         return (f"{line}; no MFU here: the peak of {summary['device']} is not in the course's table of "
                 "vendors' peaks (`course_utils.observe.flops.PEAKS`), and is not guessed.")
     achieved = summary["images_per_second"] * gflops / 1e3
-    return (f"{line}: **{achieved:.1f} TFLOP/s** achieved, **{summary['mfu']:.0%}** of the "
-            f"{summary['peak_tflops']:.0f} TFLOP/s dense peak ({summary['peak_source']}).")
+    line = (f"{line}: **{achieved:.1f} TFLOP/s** achieved, **{summary['mfu']:.0%}** of the "
+            f"{summary['peak_tflops']:.0f} TFLOP/s dense peak ({summary['peak_source']})")
+    if outside(summary["mfu"], 0, 1):
+        return (f"{line}: above the peak, which no device reaches. A **disturbed measurement** (a clock that missed "
+                "queued GPU work), or a peak in the course's table that is not this device's; not a finding.")
+    return f"{line}."
 
 
 Step = Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -14,13 +14,14 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from course_utils import config
-from course_utils.parallel import process_group
+from course_utils.parallel import launched_processes, process_group
 from course_utils.run_folder import RunFolder
 
 CLASS_RESULT = {"who": "the class (2 x g4dn.2xlarge)", "device": "NVIDIA T4", "vms": (1, 2),
@@ -80,13 +81,29 @@ def answer(table: pd.DataFrame) -> str:
 
 def local_vms(vms: int, out: str | Path, *flags: str, port: int | None = None, timeout: float = 600) -> dict[str, Any]:
     """``jobs/cloud/run_node.sh FLAGS --out OUT`` started ``vms`` times on this machine, as that many VMs with one
-    process each that meet through c10d, the way the recipe runs on real VMs; the run's summary."""
+    process each that meet through c10d, the way the recipe runs on real VMs; the run's summary. Past ``timeout``
+    seconds, or on an interrupt, every process of the VMs is ended (:mod:`course_utils.parallel.launched_processes`)."""
+    launched = launched_processes.Launch()
     env = {**os.environ, "HEAD": "127.0.0.1", "PORT": str(port or process_group.free_port()), "NNODES": str(vms),
-           "NPROC_PER_NODE": "1", "COURSE_VENV": sys.prefix, "RUN_ID": f"{Path(out).name}-{os.getpid()}"}
+           "NPROC_PER_NODE": "1", "COURSE_VENV": sys.prefix, "RUN_ID": f"{Path(out).name}-{os.getpid()}",
+           **launched.marker}
     script = config.checkout_root() / "jobs" / "cloud" / "run_node.sh"
-    nodes = [subprocess.Popen([str(script), *flags, "--out", str(out)], cwd=config.checkout_root(), env=env,
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(vms)]
-    outputs = [node.communicate(timeout=timeout)[0] for node in nodes]
+    nodes = launched.started
+    nodes += [subprocess.Popen([str(script), *flags, "--out", str(out)], cwd=config.checkout_root(), env=env,
+                               text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+              for _ in range(vms)]
+    deadline = time.monotonic() + timeout
+    try:
+        outputs = [node.communicate(timeout=max(0.0, deadline - time.monotonic()))[0] for node in nodes]
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"the {vms} VMs ran past {timeout:g} s, and were ended: {launched.end()}") from None
+    except KeyboardInterrupt:
+        print(f"interrupted: {launched.end()}", file=sys.stderr)
+        raise
+    finally:
+        launched.end_leftovers()
+        for node in nodes:
+            node.stdout.close()
     failed = [(number, output) for number, (node, output) in enumerate(zip(nodes, outputs)) if node.returncode]
     if failed:
         number, output = failed[0]

@@ -23,8 +23,9 @@ from course_utils import config, devices
 from course_utils.data.datasets import SyntheticImages
 from course_utils.data.loaders import DelayedCollate
 from course_utils.lessons.exercises import Check
-from course_utils.lessons.noise import DISTURBED
-from course_utils.lessons.triage import BALANCE, loading_cost_us, triage
+from course_utils.lessons.triage import BALANCE, judge, loading_cost_us, triage
+from course_utils.observe.clocks import timed_rate
+from course_utils.observe.noise import DISTURBED_CAUSE, Measurement, compare
 from course_utils.observe.profiling import NO_RANGES
 from course_utils.training.options import TrainOptions
 from course_utils.training.setup import Setup, prepare
@@ -159,8 +160,8 @@ def recommend(table: pd.DataFrame, within: float = 0.95) -> dict:
             "prefetch_factor": int(best["prefetch_factor"]) if workers > 0 else None}
 
 
-def compare_loaders(loaders: tuple[str, ...] = ("torch", "dali", "gpu-aug"), steps: int = 30, warmup: int = 5,
-                    **options) -> pd.DataFrame:
+def compare_loaders(loaders: tuple[str, ...] = ("torch", "dali", "gpu-aug", "resident"), steps: int = 30,
+                    warmup: int = 5, **options) -> pd.DataFrame:
     """IO, SYNTHETIC and FULL for each loader; a loader that cannot run here says why."""
     rows = []
     for loader in loaders:
@@ -175,6 +176,109 @@ def compare_loaders(loaders: tuple[str, ...] = ("torch", "dali", "gpu-aug"), ste
     return pd.DataFrame(rows)
 
 
+STEADY_STEPS = {"ci": 10, "workshop": 150}  # timed iterations of each block of the steady-state study
+STEADY_WARMUP = {"ci": 2, "workshop": 20}  # untimed iterations after each epoch's start: the iterator's own start-up
+STEADY_GOAL = 0.95  # FULL / SYNTHETIC with the recommended loader: the model never waits for data
+
+
+def steady_steps(size: str | None = None) -> tuple[int, int]:
+    """Warm-up and timed iterations of the steady-state loader study at the active size (or at ``size``)."""
+    name = config.get_size(size).name
+    return STEADY_WARMUP[name], STEADY_STEPS[name]
+
+
+def study_settings(gpu: bool, workers: int | None = None) -> dict[str, dict]:
+    """The loaders the steady-state study compares, by name: the DataLoader as the course recommended it before
+    (4 workers, pageable memory), pinned, with every worker the process's cores allow, augmentation on the
+    device, and the whole data set on the device. Pinning means nothing without a GPU: there those rows are
+    left out."""
+    workers = config.get_size().workers if workers is None else workers
+    dataloader = {"loader": "torch", "persistent_workers": True, "prefetch_factor": 4}
+    settings = {"torch, 4 workers, pageable": {**dataloader, "workers": 4, "pin_memory": False}}
+    if gpu:
+        settings["torch, 4 workers, pinned"] = {**dataloader, "workers": 4, "pin_memory": True}
+        settings[f"torch, {workers} workers, pinned"] = {**dataloader, "workers": workers, "pin_memory": True}
+    settings["gpu-aug, 2 workers"] = {"loader": "gpu-aug", "workers": 2, "pin_memory": gpu,
+                                      "persistent_workers": True}
+    settings["resident (whole data set on the device)"] = {"loader": "resident", "workers": 0}
+    return settings
+
+
+def _steady_epoch(setup: Setup, epoch: int, warmup: int, steps: int) -> dict[str, float]:
+    """FULL, IO and SYNTHETIC images/s of one epoch of :func:`steady_state`, after its warm-up."""
+    setup.loaders.set_epoch(epoch)
+    batches = device_batches(setup)
+    fixed = None
+    for _ in range(warmup):
+        fixed = next(batches)
+        train_step(setup, [fixed], NO_RANGES)
+    fixed = fixed or next(batches)
+
+    def full_step() -> int:
+        batch = next(batches)
+        train_step(setup, [batch], NO_RANGES)
+        return len(batch[1])
+
+    def synthetic_step() -> int:
+        train_step(setup, [fixed], NO_RANGES)
+        return len(fixed[1])
+
+    try:
+        return {"full": timed_rate(full_step, steps, 0, setup.device)[0],
+                "io": timed_rate(lambda: len(next(batches)[1]), steps, 0, setup.device)[0],
+                "synthetic": timed_rate(synthetic_step, steps, 0, setup.device)[0]}
+    finally:
+        batches.close()  # the epoch ends here: its iterator (and workers that do not persist) with it
+
+
+def steady_state(warmup: int, steps: int, rounds: int, **options) -> dict:
+    """IO, SYNTHETIC and FULL of one loader setting in steady state: in each of ``rounds`` epochs, ``warmup``
+    untimed training steps after the epoch's start (the workers' start-up, the first batches' waits), then
+    ``steps`` timed steps training on the loader's batches (FULL), ``steps`` fetching them alone (IO), and
+    ``steps`` training on one fixed batch already on the device (SYNTHETIC). Every timed batch comes from
+    inside one epoch: a ValueError where an epoch is shorter than that."""
+    options.setdefault("progress", False)
+    setup = prepare(TrainOptions(**options))
+    try:
+        per_epoch = len(setup.loaders.train)
+        if max(warmup, 1) + 2 * steps > per_epoch:
+            raise ValueError(f"{warmup} warm-up and 2 x {steps} timed steps do not fit in one epoch of {per_epoch} "
+                             "batches, and a timing across an epoch's end would include the next one's start; use "
+                             "more samples or fewer steps")
+        rates: dict[str, list[float]] = {"io": [], "synthetic": [], "full": []}
+        for epoch in range(rounds):
+            for name, rate in _steady_epoch(setup, epoch, warmup, steps).items():
+                rates[name].append(rate)
+        ratios = [full / synthetic for full, synthetic in zip(rates["full"], rates["synthetic"])]
+        medians = {name: Measurement.of(values).median for name, values in rates.items()}
+        ratio = Measurement.of(ratios)
+        return {**medians, "full_over_synthetic": ratio.median, "full_over_synthetic_low": ratio.low,
+                "full_over_synthetic_high": ratio.high, "rates": rates, "rounds": rounds, "warmup": warmup,
+                "steps": steps, "steps_per_epoch": per_epoch,
+                "comparison": compare(Measurement.of(rates["full"]), Measurement.of(rates["synthetic"]), bound=(0, 1),
+                                      why="training with a loader does the model's work and more").verdict,
+                "verdict": judge(medians["io"], medians["synthetic"], medians["full"])[0]}
+    finally:
+        setup.loaders.close()
+
+
+def loader_study(settings: dict[str, dict], warmup: int, steps: int, rounds: int,
+                 on_row: Callable[[list[dict]], object] | None = None, **options) -> pd.DataFrame:
+    """:func:`steady_state` for every named setting; a loader that cannot run here keeps its reason.
+    ``on_row`` gets the rows so far after each (a benchmark records them the moment they exist)."""
+    rows: list[dict] = []
+    for name, setting in settings.items():
+        row = {"setting": name, **setting}
+        try:
+            row.update(steady_state(warmup, steps, rounds, **{**options, **setting}))
+        except RuntimeError as error:  # DaliUnavailable and device errors name their reason
+            row["verdict"] = f"not available: {error}"
+        rows.append(row)
+        if on_row is not None:
+            on_row(rows)
+    return pd.DataFrame(rows)
+
+
 def loaders_answer(comparison: pd.DataFrame, best_setting: dict) -> str:
     """Markdown: is the run input-bound or compute-bound, per loader, and what fixes it."""
     lines = []
@@ -185,7 +289,7 @@ def loaders_answer(comparison: pd.DataFrame, best_setting: dict) -> str:
         if row.full_over_synthetic > 1 + BALANCE:
             lines.append(f"- **{row.loader}**: a **disturbed measurement**: training with the loader measured "
                          f"{row.full_over_synthetic:.0%} of the model alone ({row.full:.0f} vs {row.synthetic:.0f} "
-                         f"images/s), which cannot be, since it does the model's work and more. {DISTURBED}; "
+                         f"images/s), which cannot be, since it does the model's work and more. {DISTURBED_CAUSE}."
                          "run the cell again.")
             continue
         line = (f"- **{row.loader}**: {row.verdict}; the loader alone delivers {row.io:.0f} images/s against "

@@ -1,24 +1,25 @@
 """Notebooks 06, 07, 08, 09, 10 and 11: what the parallel lessons share: where their ranks run, how they
 start, how many steps they measure and how much those steps vary, and one device against DataParallel and DDP.
 
-A verdict that compares two short runs reads their difference against the spread of their iterations,
-measured in the same notebook; inside it is no measurable difference, and a figure that cannot be true
-(above the ideal, a cost below nothing) is a disturbed measurement, not a finding.
+Every row carries its run's images per second iteration by iteration (:mod:`course_utils.observe.noise`), which
+the answers compare; a figure outside what the work allows (above the ideal, a cost below nothing) is a disturbed
+measurement, not a finding.
 
 Single-process runs happen in this process; DDP runs start torchrun through :mod:`course_utils.parallel.launch`, so
 a notebook cell shows their output as it comes. On a machine without GPUs, "devices" are CPU
-processes: DDP runs two gloo ranks, each with one thread, on the same cores a single process uses.
+processes: DDP runs two gloo ranks, each with one thread, on the same cores a single process uses, and a single
+process set beside them computes with one thread too (:func:`threads_of_a_rank`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 import torch
 from matplotlib.figure import Figure
@@ -27,8 +28,10 @@ from tqdm.auto import tqdm
 from course_utils import config, devices
 from course_utils.observe import communication
 from course_utils.observe.metrics import load_run
+from course_utils.observe.noise import Measurement
 from course_utils.observe.profiling import TRACE_FILE
 from course_utils.parallel.launch import LaunchResult, launch
+from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training.options import to_flags
 
@@ -38,28 +41,27 @@ MEASURED_STEPS = {"ci": 12, "workshop": 200}  # iterations of each throughput me
 SCRATCH = {"progress": False, "overwrite": True}
 
 
-SPREAD_FLOOR = 0.02  # short runs differ by at least this much however steady their iterations look
+RANK_THREADS = 1  # threads of each CPU rank: torchrun's own OMP_NUM_THREADS for several ranks, set for one too
 
 
-def relative_spread(samples: Sequence[float]) -> float:
-    """Half the interquartile range of ``samples`` over their median: how far a typical sample strays.
-    A few samples give no quartiles worth the name; their spread is then the half-range."""
-    values = np.asarray([value for value in samples if np.isfinite(value)], dtype=float)
-    if len(values) == 0 or np.median(values) <= 0:
-        return float("nan")
-    low, high = np.percentile(values, [25, 75]) if len(values) >= 4 else (values.min(), values.max())
-    return max(SPREAD_FLOOR, float((high - low) / 2 / np.median(values)))
+def cpu_ranks(options: dict[str, Any]) -> bool:
+    """Whether runs with these training options compute on CPU processes (``device="cpu"``, or no GPU)."""
+    return options.get("device") == "cpu" or gpu_count() == 0
 
 
-def combined_spread(*spreads: float) -> float:
-    """The spread of a ratio of measurements: their relative spreads added (the worst case), NaNs ignored."""
-    known = [spread for spread in spreads if np.isfinite(spread)]
-    return sum(known) if known else SPREAD_FLOOR
-
-
-def within_spread(ratio: float, spread: float) -> bool:
-    """True when ``ratio`` (one measurement over another) is 1 within ``spread``."""
-    return abs(ratio - 1) <= spread
+@contextmanager
+def threads_of_a_rank(on_cpu: bool) -> Iterator[None]:
+    """One process set beside CPU ranks computes with the threads of one rank, so that the comparison is of
+    like against like: PyTorch's default would give it every core while each rank gets one."""
+    if not on_cpu:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(RANK_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def measured_steps(size: str | None = None) -> int:
@@ -94,14 +96,23 @@ class ParallelShape:
         """The device rank 0 trains on (what tables and records name)."""
         return devices.default_device() if self.on_gpus else torch.device("cpu")
 
+    def rows_label(self) -> str:
+        """What a benchmark's rows say about where their ranks ran: a CPU figure from a GPU node is not a GPU
+        figure, and says so."""
+        if self.on_gpus:
+            return f"{self.ranks} GPUs, one rank each"
+        here = "a node with one GPU" if self.gpus == 1 else "a machine without GPUs"
+        return f"CPU processes (gloo) on {here}: CPU figures, not GPU figures"
+
     def describe(self) -> str:
         """One sentence for the notebooks: where the ranks run, and what to ask for to see more."""
         if self.on_gpus:
             return f"{self.ranks} ranks, one per GPU, talking through NCCL/RCCL"
         here = "one GPU here" if self.gpus == 1 else "no GPU here"
-        return (f"{here}: the {self.ranks} ranks are CPU processes talking through gloo. They show what the ranks "
-                "do and hold, not GPU speed or GPU communication; for those, ask for 2 or more GPUs (on LUMI, the "
-                "Jupyter app or an sbatch with --gpus-per-node=2 or more, up to 8 GCDs per node)")
+        return (f"{here}: the {self.ranks} ranks are CPU processes talking through gloo, one thread each (and one "
+                "process set beside them gets one thread too). They show the mechanics, the memory each rank holds "
+                "and the bytes the ranks move, not GPU speed-ups or GPU communication; for those, ask for 2 or more "
+                "GPUs (on LUMI, the Jupyter app or an sbatch with --gpus-per-node=2 or more, up to 8 GCDs per node)")
 
 
 def parallel_shape(gpus: int | None = None) -> ParallelShape:
@@ -115,6 +126,8 @@ def run_ranks(nproc: int, out: Path, echo: bool = False, distributed: str = "ddp
     """``options`` trained with DDP (or FSDP) on ``nproc`` ranks under torchrun; the launch, with the run's
     summary and every rank's output, or an error with the end of torchrun's output when a rank failed.
     ``env``: variables for the ranks."""
+    if cpu_ranks(options):  # one rank gets the threads of each of several, as torchrun gives them
+        env = {"OMP_NUM_THREADS": str(RANK_THREADS), **(env or {})}
     result = launch(nproc, "course_utils.train", *to_flags(**{**SCRATCH, **options}, distributed=distributed,
                                                            out=out),
                     log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=echo, env=env)
@@ -131,20 +144,24 @@ def traced_ranks(nproc: int, out: Path, **options: Any) -> tuple[pd.DataFrame, L
     return communication.per_step(Path(out) / "trace" / TRACE_FILE), result
 
 
-def iteration_spread(summary: dict[str, Any]) -> float:
-    """How much rank 0's iterations of a finished run varied (:func:`relative_spread`),
-    the first two left out."""
-    return relative_spread(list(load_run(summary["config"]["out"]).iterations["seconds"])[2:])
+def measured_rate(summary: dict[str, Any]) -> Measurement:
+    """A finished run's images per second, iteration by iteration after its warm-up, with their spread; no
+    samples (an unknown spread) where its run folder is not at hand (a summary copied from elsewhere)."""
+    out = summary.get("config", {}).get("out")
+    if not out or not RunFolder(out).metrics.exists():
+        return Measurement.of([])
+    return load_run(out).steady_rate()
 
 
 def _row(name: str, summary: dict[str, Any], devices: int) -> dict[str, Any]:
     memory = summary.get("peak_memory_per_gpu_mib")
     ranks = summary["per_rank"]
+    measured = measured_rate(summary)
     return {"mode": name, "processes": summary["world_size"], "devices": devices,
             "global_batch": summary["global_batch_size"], "images_per_second": summary["images_per_second"],
             "images_per_second_per_device": summary["images_per_second"] / devices,
             "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in ranks),
-            "iteration_spread": iteration_spread(summary),
+            "measured": measured, "spread": measured.spread,
             "steps_per_rank": [r["steps"] for r in ranks],
             "peak_memory_per_device_mib": ([r["peak_memory_mib"] for r in ranks] if summary["world_size"] > 1
                                            else memory[:devices] if memory else None),
@@ -185,12 +202,13 @@ def compare_modes(modes: Sequence[str] = ("none", "dp", "ddp"), steps: int | Non
     for mode in tqdm(modes, desc="modes", unit="run"):
         common = {"max_steps": steps, "monitor": "auto", **SCRATCH, **options}
         if mode == "none":
-            rows.append(_row("one device", train(**common, batch_size=batch, out=out / "none"), 1))
+            with threads_of_a_rank(cpu_ranks(common)):
+                rows.append(_row("one device", train(**common, batch_size=batch, out=out / "none"), 1))
         elif mode == "dp":
             dp_devices = max(1, gpus)
-            rows.append(_row(f"DataParallel, {dp_devices} device(s)",
-                             train(**common, batch_size=batch * dp_devices, distributed="dp", out=out / "dp"),
-                             dp_devices))
+            with threads_of_a_rank(cpu_ranks(common)):
+                summary = train(**common, batch_size=batch * dp_devices, distributed="dp", out=out / "dp")
+            rows.append(_row(f"DataParallel, {dp_devices} device(s)", summary, dp_devices))
         elif mode == "ddp":
             reusable = (ddp_summary is not None and ddp_summary["world_size"] == ddp_ranks
                         and ddp_summary["steps"] == steps)

@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from course_utils import config
-from course_utils.lessons.data_parallel import SCRATCH, combined_spread, gpu_count, measured_steps, within_spread
+from course_utils.lessons.data_parallel import SCRATCH, gpu_count, measured_steps
 from course_utils.lessons.exercises import Check
 from course_utils.observe import communication
+from course_utils.observe.noise import DISTURBED, compare
 from course_utils.observe.profiling import TRACE_FILE
 from course_utils.train import train
 from course_utils.training.models import build
@@ -74,27 +75,22 @@ def dataparallel_profile(steps: int | None = None, out: str | Path | None = None
 def dataparallel_answer(modes: pd.DataFrame, gpus: int) -> str:
     """Markdown: what DataParallel bought over one device, and where its memory went."""
     one, dp = modes.iloc[0], modes[modes["mode"].str.startswith("DataParallel")].iloc[0]
-    width = combined_spread(one["iteration_spread"], dp["iteration_spread"])
+    devices = dp["devices"]
+    speedup = compare(dp["measured"], one["measured"], bound=(0, devices),
+                      why=f"one process feeding {devices} device(s) does at most {devices}x one device's work")
     if gpus < 2:
-        verdict = ("**no measurable difference**: the wrapper alone costs less than these runs vary"
-                   if within_spread(dp["speedup"], width) else
-                   "more than these runs vary, though the wrapper only calls the model here: another process on the "
-                   "same cores during one run does that; run the cell again before reading anything into it")
         return (f"- This machine has **{gpus} GPU(s)**, so DataParallel had nothing to split: the run measures its "
                 f"wrapper alone, **{dp['images_per_second']:.0f}** images/s against **{one['images_per_second']:.0f}** "
-                f"without it ({dp['speedup']:.2f}x, iterations varying by about ±{width:.0%}): {verdict}. On 2 or more "
-                "GPUs the notebook measures the real thing (on LUMI: a Jupyter session or job with 2 or more GCDs).")
-    if dp["speedup"] / dp["devices"] > 1 + width:
-        return (f"- **Disturbed measurement**: DataParallel over {dp['devices']} GPUs measured {dp['speedup']:.2f}x "
-                f"one GPU, above the ideal {dp['devices']}x, which one process feeding every GPU cannot reach. The "
-                "single-GPU run was slowed by something else (another job on the GPU, a clock drop): run the "
-                "comparison again.")
+                f"without it: {speedup.sentence()} On 2 or more GPUs the notebook measures the real thing (on LUMI: a "
+                "Jupyter session or job with 2 or more GCDs).")
+    if speedup.verdict == DISTURBED:
+        return (f"- DataParallel over {devices} GPUs against one GPU: {speedup.sentence()} The single-GPU run was "
+                "slowed by something else (another job on the GPU, a clock drop).")
     memory = dp["peak_memory_per_device_mib"]
     others = sum(memory[1:]) / len(memory[1:])
     return "\n".join([
-        f"- DataParallel over **{dp['devices']} GPUs** ran at **{dp['images_per_second']:.0f}** images/s, "
-        f"{dp['speedup']:.2f}x one GPU where {dp['devices']}x would be ideal "
-        f"({dp['speedup'] / dp['devices']:.0%} efficiency).",
+        f"- DataParallel over **{devices} GPUs** ran at **{dp['images_per_second']:.0f}** images/s against one GPU's "
+        f"{one['images_per_second']:.0f}, where {devices}x would be ideal: {speedup.sentence()}",
         f"- GPU 0 peaked at **{memory[0]:.0f} MiB** against **{others:.0f} MiB** on average on the others "
         f"({memory[0] / others:.2f}x): it holds the master copy of the model, gathers every output, computes the "
         "loss and reduces the gradients, while the others only hold a replica and their slice.",

@@ -4,7 +4,7 @@ The notebook writes a minimal DDP script from a cell and launches it with torchr
 it saw (every epoch's first samples and every iteration's time) to a JSON file, which the functions
 here read: whether every epoch began with the order the sampler gives without ``set_epoch`` (the
 exercise, judged against ``DistributedSampler`` itself), and whether the script and the course's
-command ran at the same speed within the spread measured in the notebook.
+command ran at the same speed (:mod:`course_utils.observe.noise`).
 The rest trains for real: DDP against one large batch, DDP's knobs, its communication, a preempted run.
 """
 
@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 from torch.utils.data import DistributedSampler
@@ -31,17 +30,15 @@ from course_utils import config
 from course_utils.data.loaders import shard_sampler
 from course_utils.lessons.data_parallel import (
     SCRATCH,
-    combined_spread,
-    iteration_spread,
+    measured_rate,
     measured_steps,
     parallel_shape,
-    relative_spread,
     run_ranks,
     traced_ranks,
-    within_spread,
 )
 from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.metrics import load_run
+from course_utils.observe.noise import DISTURBED, FASTER, SLOWER, Comparison, Measurement, communication_bound, compare
 from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
@@ -122,63 +119,52 @@ def course_seconds(run: str | Path) -> list[float]:
     return list(load_run(run).iterations["seconds"])[WARMUP_STEPS:]
 
 
-def agreement(script: list[float], course: list[float]) -> dict[str, Any]:
-    """The two runs' median iteration times, their ratio, and the spread within which the ratio is 1."""
-    mine, theirs = float(np.median(script)), float(np.median(course))
-    return {"script_ms": 1000 * mine, "course_ms": 1000 * theirs, "ratio": mine / theirs,
-            "spread": combined_spread(relative_spread(script), relative_spread(course))}
+def agreement(script: list[float], course: list[float]) -> Comparison:
+    """The script's iteration speed against the course command's, each from its iteration times."""
+    return compare(Measurement.of(script).inverse(), Measurement.of(course).inverse())
 
 
-def agreement_answer(measured: dict[str, Any]) -> str:
+def agreement_answer(measured: Comparison) -> str:
     """Markdown: do the learner's script and the course's command run at the same speed?"""
-    ratio, width = measured["ratio"], measured["spread"]
-    head = (f"- Your script: **{measured['script_ms']:.1f} ms** per iteration (median of rank 0); the course's "
-            f"command: **{measured['course_ms']:.1f} ms**; ratio **{ratio:.2f}**, iterations of each run varied by "
-            f"about ±{width:.0%} together.")
-    if within_spread(ratio, width):
-        return head + ("\n- **No measurable difference**: the two do the same work per step, which is the check "
-                       "that your script is DDP as the course runs it.")
-    slower = "your script" if ratio > 1 else "the course's command"
-    return head + (f"\n- {slower} was slower by more than the spread. The course's command also logs, monitors and "
-                   "checkpoints, and the two read their data differently; on a shared machine a burst of other work "
-                   "during one run does the same. Run both cells again: a difference that stays is real.")
+    head = f"- Your script's speed per iteration (rank 0) over the course's command's: {measured.sentence()}"
+    if measured.verdict in (FASTER, SLOWER):
+        return head + ("\n- The course's command also logs, monitors and checkpoints, and the two read their data "
+                       "differently; on a shared machine a burst of other work during one run does the same. Run "
+                       "both cells again: a difference that stays is real.")
+    return head
 
 
 def ddp_answer(modes: pd.DataFrame) -> str:
     """Markdown: DDP against one device and against DataParallel, from
-    :func:`course_utils.lessons.data_parallel.compare_modes`, each figure read against the runs' spread."""
+    :func:`course_utils.lessons.data_parallel.compare_modes`, each figure read through the runs' spreads and
+    against what the work allows."""
     one = modes.iloc[0]
     ddp = modes[modes["mode"].str.startswith("DDP")].iloc[0]
-    width = combined_spread(one["iteration_spread"], ddp["iteration_spread"])
-    devices, efficiency = ddp["devices"], ddp["speedup"] / ddp["devices"]
-    cost = ddp["steady_iteration_seconds"] / one["steady_iteration_seconds"]
-    lines = [f"- Iterations of these short runs varied by about **±{width:.0%}** (one device and DDP together): "
-             "differences inside that are no measurable difference."]
-    if efficiency > 1 + width or cost < 1 - width:
-        lines.append(f"- **Disturbed measurement**: DDP on {devices} ranks measured {ddp['speedup']:.2f}x one device "
-                     f"({efficiency:.0%} of ideal) and a step {cost:.2f}x as long as the single run's. Neither can be "
-                     "true: DDP does the single run's work and more per step. The single run was slowed by something "
-                     "else (other processes on the same cores, a frequency drop, the first run's caches), so this "
-                     "table says nothing about DDP. Run the comparison cell again on a quieter machine.")
-        return "\n".join(lines)
-    lines.append(f"- DDP on **{devices}** ranks: **{ddp['images_per_second']:.0f}** images/s, {ddp['speedup']:.2f}x "
-                 f"one device ({efficiency:.0%} of ideal). Each rank ran {ddp['steps_per_rank'][0]} steps of batch "
-                 f"{ddp['global_batch'] // devices}: the same per-rank work as the single run, and {devices}x the "
-                 "images in all.")
-    step = (f"**{ddp['steady_iteration_seconds'] * 1000:.1f} ms** per step on the slowest rank against "
-            f"**{one['steady_iteration_seconds'] * 1000:.1f} ms** alone ({cost:.2f}x)")
-    if within_spread(cost, width):
-        lines.append(f"- DDP's own cost: {step}, **no measurable difference**: the all-reduce hid behind the backward "
-                     "pass, or cost less than these runs vary.")
+    devices = ddp["devices"]
+    speedup = compare(ddp["measured"], one["measured"], bound=(0, devices),
+                      why=f"{devices} ranks do at most {devices} times one device's work")
+    if speedup.verdict == DISTURBED:
+        return (f"- DDP on {devices} ranks against one device: {speedup.sentence()} The single run was slowed by "
+                "something else (other processes on the same cores, a frequency drop, the first run's caches), so "
+                "this table says nothing about DDP.")
+    lines = [f"- DDP on **{devices}** ranks: **{ddp['images_per_second']:.0f}** images/s against one device's "
+             f"{one['images_per_second']:.0f} ({devices}x would be ideal): {speedup.sentence()} Each rank ran "
+             f"{ddp['steps_per_rank'][0]} steps of batch {ddp['global_batch'] // devices}: the single run's work per "
+             f"rank, and {devices}x the images in all."]
+    # A rank does the single run's work plus the all-reduce: alone, one device cannot be slower than a rank.
+    cost = compare(one["measured"], ddp["measured"].scaled(1 / devices), bound=(1, math.inf),
+                   why="a DDP rank does the single run's work plus the all-reduce")
+    if cost.verdict == FASTER:
+        lines.append(f"- DDP's own cost, one device's speed over one rank's: {cost.sentence()} The gradient "
+                     "all-reduce not hidden behind the backward pass, plus, on a CPU, the ranks sharing cores and "
+                     "memory bandwidth.")
     else:
-        lines.append(f"- DDP's own cost is in the iteration time: {step}: the gradient all-reduce not hidden behind "
-                     "the backward pass, plus, on a CPU, the ranks sharing cores and memory bandwidth.")
+        lines.append(f"- DDP's own cost, one device's speed over one rank's: {cost.sentence()}")
     dp = modes[modes["mode"].str.startswith("DataParallel")]
     if len(dp) and dp.iloc[0]["devices"] >= 2:
-        ratio = ddp["images_per_second"] / dp.iloc[0]["images_per_second"]
-        verdict = ("no measurable difference" if within_spread(ratio, width)
-                   else "one process per GPU, no weight copies per step, no gathering on GPU 0")
-        lines.append(f"- Against DataParallel on the same GPUs, DDP is **{ratio:.2f}x** as fast: {verdict}.")
+        against = compare(ddp["measured"], dp.iloc[0]["measured"])
+        lines.append(f"- DDP against DataParallel on the same GPUs: {against.sentence()} DDP runs one process per "
+                     "GPU, with no weight copies per step and no gathering on GPU 0.")
     else:
         lines.append("- DataParallel needs 2 or more GPUs to compare with; notebook 06 says what it would show.")
     return "\n".join(lines)
@@ -254,7 +240,7 @@ def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None 
         summary = run_ranks(nproc, out / f"setting-{index}", max_steps=steps, **options, **knob).summary
         rows.append({"setting": name, "images_per_second": summary["images_per_second"],
                      "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in summary["per_rank"]),
-                     "global_batch": summary["global_batch_size"], "iteration_spread": iteration_spread(summary)})
+                     "global_batch": summary["global_batch_size"], "measured": measured_rate(summary)})
     table = pd.DataFrame(rows)
     table["relative"] = table["images_per_second"] / table["images_per_second"].iloc[0]
     return table
@@ -283,14 +269,24 @@ def communication_profile(buckets: int = 8, nproc: int | None = None, steps: int
     return pd.DataFrame(rows)
 
 
+PACE_MS = 250.0  # each batch of the interrupted run waits this long in its loader, whatever the device's speed
+
+
 def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals = signal.SIGUSR1,
                     **options: Any) -> dict[str, Any]:
     """Start a new run of the training command in ``out``, send it ``stop`` once a checkpoint at
-    ``stop_after_step`` or later exists (as Slurm does before a time limit), and report how it ended."""
+    ``stop_after_step`` or later exists (as Slurm does before a time limit), and report how it ended.
+
+    The run is paced: its loader makes every batch wait :data:`PACE_MS` in the training process (no workers),
+    so that however fast the device, each step takes at least that long and the run cannot end between two
+    looks at its checkpoints (a GPU trains the ``ci`` run's 40 steps in well under a second). The pace is not
+    part of the training: the resumed run, which does not ask for it, continues the same training at full speed.
+    """
     out = Path(out)
     folder = RunFolder(out).checkpoints
-    flags = to_flags(**{**SCRATCH, **options}, out=out)
+    flags = to_flags(**{**SCRATCH, "workers": 0, "input_delay_ms": PACE_MS, **options}, out=out)
     started = time.time()
+    signalled = False
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a pipe nobody reads stalls a chatty run
         process = subprocess.Popen([sys.executable, "-m", "course_utils.train", *flags], stdout=log,
                                    stderr=subprocess.STDOUT, text=True)
@@ -300,6 +296,7 @@ def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals 
                          if path.stat().st_mtime >= started]  # not the checkpoints of an earlier run, being removed
                 if saved and max(saved) >= stop_after_step:
                     process.send_signal(stop)
+                    signalled = True
                     break
                 time.sleep(0.05)
             process.wait(timeout=600)
@@ -309,6 +306,10 @@ def interrupted_run(out: str | Path, stop_after_step: int, stop: signal.Signals 
                 process.wait()
         log.seek(0)
         output = log.read()
+    if not signalled and process.returncode == 0:
+        raise RuntimeError(f"the run in {out} finished before a checkpoint at step {stop_after_step} or later "
+                           f"appeared, so it was never stopped: ask for a checkpoint earlier in the run "
+                           f"(checkpoint_every) or for more steps. Its output ended with:\n{output[-2000:]}")
     marker = RunFolder(out).preempted
     return {"exit_code": process.returncode, "signal": stop.name,
             "marker": marker.read_text().strip() if marker.exists() else None,
@@ -329,17 +330,20 @@ def equivalence_answer(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def knobs_answer(knobs: pd.DataFrame) -> str:
-    """Markdown: what each DDP setting did to throughput here, read against the runs' spread."""
+def knobs_answer(knobs: pd.DataFrame, communication: pd.DataFrame) -> str:
+    """Markdown: what each DDP setting did to throughput here, read through the runs' spreads and against
+    the most a communication setting can give: removing the exposed communication that ``communication``
+    (:func:`communication_profile`, its default buckets) measured."""
+    exposed = communication.iloc[0]["exposed_percent"] / 100
+    most = communication_bound(exposed)
     base = knobs.iloc[0]
-    lines = []
-    for row in knobs.itertuples():
-        width = combined_spread(base["iteration_spread"], row.iteration_spread)
-        faster = "faster" if row.relative > 1 else "slower"
-        verdict = ("" if row.Index == 0 else ": no measurable difference" if within_spread(row.relative, width)
-                   else f": {faster} by more than the ±{width:.0%} these runs varied")
-        lines.append(f"- **{row.setting}**: {row.images_per_second:.0f} images/s ({row.relative:.2f}x the defaults)"
-                     f"{verdict}.")
+    lines = [f"- The traced runs above measured **{100 * exposed:.1f} %** of a step as exposed communication: no "
+             f"communication setting can make a step more than **{most:.2f}x** faster (all of it removed)."]
+    for row in knobs.iloc[1:].itertuples():
+        gain = compare(row.measured, base["measured"], bound=(0, most),
+                       why=f"{100 * exposed:.1f} % of the step was exposed communication")
+        lines.append(f"- **{row.setting}**: {row.images_per_second:.0f} images/s against the defaults' "
+                     f"{base['images_per_second']:.0f}: {gain.sentence()}")
     lines.append("- The knobs matter when communication is expensive: many small buckets cost latency, huge ones start "
                  "the all-reduce late; bucket views save a copy of every gradient; accumulation all-reduces once per N "
                  "batches.")

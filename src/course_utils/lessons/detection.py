@@ -17,12 +17,15 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from course_utils import config
+from course_utils.data import coco, generated_coco
 from course_utils.lessons import scaling
-from course_utils.lessons.data_parallel import SCRATCH, SPREAD_FLOOR, measured_steps, parallel_shape, traced_ranks
+from course_utils.lessons.data_parallel import SCRATCH, measured_rate, measured_steps, parallel_shape, traced_ranks
+from course_utils.observe.noise import DISTURBED, compare
 from course_utils.parallel import transport
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training.detection_models import DETECTION_RECIPES
+from course_utils.training.resume import NonFiniteLossError
 
 # The team's runs (Detectron2, Faster R-CNN R50-FPN, COCO 2017, 1x schedule, HGX A100 node); the model
 # zoo's reference is 37.9 AP at 0.210 s/it on 8 V100 with NVLink. Their s/it is Detectron2's "overall training
@@ -44,10 +47,51 @@ def team_table() -> pd.DataFrame:
     return table
 
 
-def _options(options: dict[str, Any]) -> dict[str, Any]:
-    shape = parallel_shape()
-    return {"data": "coco", "device": shape.device, "max_steps": measured_steps(options.get("size")), **SCRATCH,
-            **options}
+# Detectron2's 1x recipe: lr 0.02 for a global batch of 16 images, raised linearly over the first 1,000 iterations.
+REFERENCE_BATCH, REFERENCE_WARMUP = 16, 1000
+STAND_IN = (512, 64)  # training and validation images of the COCO-format stand-in at photo sizes
+
+
+def workshop_recipe(global_batch: int, steps: int) -> dict[str, Any]:
+    """The R50-FPN's learning rate scaled to ``global_batch`` (the linear rule Detectron2 follows: 0.02 is for
+    16 images, so one GPU with 2 takes 0.0025) and a linear warm-up over Detectron2's 1,000 iterations, or the
+    first fifth of a shorter run: a detector trained from scratch at 8x its rate and no warm-up diverges."""
+    rate = DETECTION_RECIPES["workshop"].lr * global_batch / REFERENCE_BATCH
+    return {"lr": rate, "warmup_steps": max(1, min(REFERENCE_WARMUP, steps // 5))}
+
+
+def detection_data(size: str) -> tuple[Path, str]:
+    """Where the detector's data is at ``size``, and a sentence that says what it is: COCO 2017 where it is
+    prepared; at the workshop size without it (19 GB that a one-GCD attendee rarely has), the COCO-format
+    stand-in at photo sizes, generated here the first time (seconds): its seconds per iteration compare, its box
+    AP says nothing about COCO."""
+    root = config.data_dir(config.get_size(size), "coco")
+    if size != "workshop" or not _absent(root):  # what is there is checked whole by the run that reads it
+        return root, coco.describe(root)
+    stand_in = root.parent / "coco-stand-in"
+    if _absent(stand_in):
+        generated_coco.generate(stand_in, *STAND_IN, photo_sizes=True)
+    return stand_in, (f"COCO 2017 is not prepared in {root} (about 19 GB: python -m data_prep --size workshop "
+                      f"--coco); these runs use {coco.describe(stand_in)} instead, at COCO's photo sizes: their "
+                      "seconds per iteration compare with COCO's, their box AP says nothing about it")
+
+
+def _absent(root: Path) -> list[str]:
+    """What of a COCO-format tree is not there at all (a split's images or annotations): cheap, where reading
+    COCO's 448 MB of training annotations to check them would take a minute."""
+    return [name for split in coco.SPLITS for name in coco.missing(root, split)]
+
+
+def _options(options: dict[str, Any], global_batch: int | None = None) -> dict[str, Any]:
+    """The training options of the lesson's runs: COCO-format data (the stand-in where COCO is missing), and at
+    the workshop size the recipe scaled to ``global_batch`` (the recipe's batch on one process by default)."""
+    shape, size = parallel_shape(), config.get_size(options.get("size")).name
+    steps = options.get("max_steps") or measured_steps(size)
+    defaults = {"data": "coco", "device": shape.device, "max_steps": steps, "data_dir": detection_data(size)[0],
+                **SCRATCH}
+    if size == "workshop" and "lr" not in options:
+        defaults.update(workshop_recipe(global_batch or DETECTION_RECIPES[size].batch_size, steps))
+    return {**defaults, **options}
 
 
 def fixed_global_batch(ranks: list[int] | None = None, global_batch: int | None = None,
@@ -58,7 +102,7 @@ def fixed_global_batch(ranks: list[int] | None = None, global_batch: int | None 
     ranks = ranks or [count for count in scaling.scaling_ranks(size.name) if count <= shape.ranks]
     global_batch = global_batch or DETECTION_RECIPES[size.name].batch_size * max(ranks)
     return scaling.study(ranks, "strong", out=out or config.runs_dir() / "detection-scaling",
-                         batch_size=global_batch, monitor="auto", **_options(options))
+                         batch_size=global_batch, monitor="auto", **_options(options, global_batch))
 
 
 def communication_and_transport(ranks: int | None = None, out: str | Path | None = None,
@@ -66,23 +110,31 @@ def communication_and_transport(ranks: int | None = None, out: str | Path | None
     """One traced DDP run of the detector with ``NCCL_DEBUG=INFO``: each step's communication and what of
     it hid behind computation (rank 0's trace), and which transport NCCL chose (none under gloo)."""
     folder = Path(out or config.runs_dir() / "detection-profile")
-    steps, result = traced_ranks(ranks or parallel_shape().ranks, folder,
-                                 env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, **_options(options))
+    ranks = ranks or parallel_shape().ranks
+    recipe = DETECTION_RECIPES[config.get_size(options.get("size")).name]
+    steps, result = traced_ranks(ranks, folder, env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"},
+                                 **_options(options, recipe.batch_size * ranks))
     return steps, transport.read(result.lines)  # NCCL's report
 
 
 def amp_effect(precisions: tuple[str, ...] = ("off", "bf16"), out: str | Path | None = None,
                **options: Any) -> pd.DataFrame:
-    """The same short run in fp32 and with autocast: seconds per iteration and box AP of each, one process."""
+    """The same short run in fp32 and with autocast: seconds per iteration and box AP of each, one process. A run
+    whose loss stops being finite is a row that says so, not a failed cell."""
     out = Path(out or config.runs_dir() / "detection-amp")
     rows = []
     for amp in tqdm(precisions, desc="precisions", unit="run"):
-        summary = train(**_options({"device": "auto", **options}), amp=amp, out=out / amp)
-        rows.append({"amp": amp, "seconds_per_iteration": summary["seconds_per_iteration"],
+        try:
+            summary = train(**_options({"device": "auto", **options}), amp=amp, out=out / amp)
+        except NonFiniteLossError as error:
+            rows.append({"amp": amp, "status": f"diverged: {error}".split(";")[0]})
+            continue
+        rows.append({"amp": amp, "status": "ok", "seconds_per_iteration": summary["seconds_per_iteration"],
                      "images_per_second": summary["images_per_second"], "box_ap": summary["box_ap"],
-                     "device": summary["device"]})
+                     "device": summary["device"], "measured": measured_rate(summary)})
     table = pd.DataFrame(rows)
-    table["speedup"] = table["seconds_per_iteration"].iloc[0] / table["seconds_per_iteration"]
+    if "seconds_per_iteration" in table:
+        table["speedup"] = table["seconds_per_iteration"].iloc[0] / table["seconds_per_iteration"]
     return table
 
 
@@ -94,7 +146,11 @@ def monitor_frame(run: str | Path) -> pd.DataFrame:
 def answer(scaled: pd.DataFrame, steps: pd.DataFrame, found: transport.Transport, amp: pd.DataFrame,
            where: str, on_gpus: bool) -> str:
     """Markdown: the team's questions answered from the runs just made."""
-    last = scaled.iloc[-1]
+    first, last = scaled.iloc[0], scaled.iloc[-1]
+    speedup = compare(last["measured"], first["measured"], bound=(0, last["ranks"] / first["ranks"]),
+                      why=f"{int(last['ranks'])} ranks do at most {last['ranks'] / first['ranks']:g}x the work of "
+                          f"{int(first['ranks'])}")
+    efficiency = "" if speedup.verdict == DISTURBED else f", efficiency **{last['efficiency']:.0%}**"
     team = team_table().set_index(["gpus", "interconnect"])
     team_two = team.loc[(2, "NVLink (HGX)")]
     hidden = steps["hidden_ms"].sum() / steps["communication_ms"].sum() if steps["communication_ms"].sum() else 0.0
@@ -104,8 +160,8 @@ def answer(scaled: pd.DataFrame, steps: pd.DataFrame, found: transport.Transport
                                                "figures; the team's table is."),
         f"- **Scaling at a fixed global batch of {int(last['global_batch'])}**, in the team's measure (training time "
         f"over iterations, a mean): {int(last['ranks'])} ranks ran at **{last['mean_iteration_seconds']:.3f} s/it** "
-        f"against **{scaled.iloc[0]['mean_iteration_seconds']:.3f}** on {int(scaled.iloc[0]['ranks'])}: a speed-up "
-        f"of **{last['speedup']:.2f}x**, efficiency **{last['efficiency']:.0%}**{_disturbed(last['efficiency'])}. "
+        f"against **{first['mean_iteration_seconds']:.3f}** on {int(first['ranks'])}; their steady iterations' "
+        f"speed-up (medians): {speedup.sentence()}{efficiency}. "
         f"The team measured {team_two['speedup']:.2f}x on 2 A100s with NVLink ({team_two['efficiency']:.0%}) and "
         f"{team.loc[(2, 'PCIe'), 'speedup']:.2f}x on 2 PCIe A100s. That gap is not the interconnect alone: the PCIe "
         "cards also run at a lower power limit (250-300 W against 400 W), so they compute more slowly too.",
@@ -119,17 +175,22 @@ def answer(scaled: pd.DataFrame, steps: pd.DataFrame, found: transport.Transport
         "this run's exposed all-reduce time on this machine's link; it cannot say how much of the team's SXM-PCIe "
         "gap is the link (their clocks differ too), nor what another link would cost, without measuring there.",
         f"- **Transport**: {found.verdict().removeprefix('transport: ')}.",
-        f"- **AMP**: {amp.iloc[-1]['amp']} ran at **{amp.iloc[-1]['seconds_per_iteration']:.3f} s/it** against "
-        f"**{amp.iloc[0]['seconds_per_iteration']:.3f}** in fp32 ({amp.iloc[-1]['speedup']:.2f}x), box AP "
-        f"{amp.iloc[-1]['box_ap']:.1f} against {amp.iloc[0]['box_ap']:.1f}.{_amp_note(amp)}",
+        _amp_line(amp),
     ])
 
 
-def _disturbed(efficiency: float) -> str:
-    if efficiency <= 1 + 2 * SPREAD_FLOOR:
-        return ""
-    return (" (above 100 % of ideal: a disturbed measurement, most likely the one-rank run slowed by other work on "
-            "the machine, not a finding)")
+def _amp_line(amp: pd.DataFrame) -> str:
+    """The AMP run against fp32, or which of them diverged (a result of the run, with its fix)."""
+    diverged = amp[amp["status"] != "ok"] if "status" in amp else amp.iloc[:0]  # tables of older runs: all ran
+    if len(diverged):
+        return (f"- **AMP**: not compared: {'; '.join(f'{row.amp}: {row.status}' for row in diverged.itertuples())}. "
+                "A detector trained from scratch needs a learning rate scaled to its batch and a warm-up (the "
+                "workshop recipe here: lr 0.02 x batch / 16, warmed up over up to 1,000 iterations); lower it "
+                "further with lr=... if it still diverges.")
+    return (f"- **AMP**: {amp.iloc[-1]['amp']} ran at **{amp.iloc[-1]['seconds_per_iteration']:.3f} s/it** against "
+            f"**{amp.iloc[0]['seconds_per_iteration']:.3f}** in fp32; its steady iterations against fp32's: "
+            f"{compare(amp.iloc[-1]['measured'], amp.iloc[0]['measured']).sentence()} Box AP "
+            f"{amp.iloc[-1]['box_ap']:.1f} against {amp.iloc[0]['box_ap']:.1f}.{_amp_note(amp)}")
 
 
 def _amp_note(amp: pd.DataFrame) -> str:

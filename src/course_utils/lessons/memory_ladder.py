@@ -22,9 +22,18 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config
-from course_utils.lessons.data_parallel import SCRATCH, measured_steps, parallel_shape, run_ranks
+from course_utils.lessons.data_parallel import (
+    SCRATCH,
+    cpu_ranks,
+    measured_rate,
+    measured_steps,
+    parallel_shape,
+    run_ranks,
+    threads_of_a_rank,
+)
 from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.memory import KINDS
+from course_utils.observe.noise import compare
 from course_utils.parallel.launch import launch
 from course_utils.train import train
 
@@ -49,6 +58,11 @@ LADDER = (
     Rung("FSDP + activation checkpointing", "fsdp", {"activation_checkpointing": True}),
     Rung("FSDP + checkpointing + offload", "fsdp", {"activation_checkpointing": True, "offload": True}, True),
 )
+# On one GPU (world size 1, nothing to shard over): what one device holds by kind, with and without checkpointing.
+ONE_GPU_LADDER = (
+    Rung("one process", "none"),
+    Rung("one process + activation checkpointing", "none", {"activation_checkpointing": True}),
+)
 
 
 def _row(rung: Rung, summary: dict[str, Any]) -> dict[str, Any]:
@@ -60,17 +74,22 @@ def _row(rung: Rung, summary: dict[str, Any]) -> dict[str, Any]:
     row["total_mib"] = sum(row[f"{kind}_mib"] for kind in KINDS)
     row["peak_allocated_mib"] = memory["peak_allocated"] / MIB if memory["peak_allocated"] else None
     row["images_per_second"] = summary["images_per_second"]
+    row["measured"] = measured_rate(summary)  # iteration by iteration, for the answer's verdicts
     row["parameters"] = summary["parameters"]
     return row
 
 
 def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | Path | None = None,
-          **options: Any) -> pd.DataFrame:
-    """Train every rung that runs here; one row per rung: memory per rank by kind, images per second."""
+          one_gpu: bool = False, **options: Any) -> pd.DataFrame:
+    """Train every rung that runs here; one row per rung: memory per rank by kind, images per second.
+    ``one_gpu``: the rungs of :data:`ONE_GPU_LADDER` on this process's GPU, world size 1 (a node with one GPU,
+    where the ladder's ranks would be CPU processes)."""
     size = config.get_size(options.get("size"))
     shape = parallel_shape()
     out = Path(out or config.runs_dir() / "memory-ladder")
-    common = {"max_steps": steps or measured_steps(size.name), "device": shape.device, **SCRATCH, **options}
+    rungs = ONE_GPU_LADDER if one_gpu else rungs
+    device = "auto" if one_gpu else shape.device  # one process, no ranks: on the GPU
+    common = {"max_steps": steps or measured_steps(size.name), "device": device, **SCRATCH, **options}
     rows = []
     for index, rung in enumerate(tqdm(rungs, desc="rungs", unit="run")):
         folder = out / f"rung-{index}"
@@ -79,7 +98,8 @@ def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | P
                          "skipped": "it needs GPUs; the ranks here are CPU processes"})
             continue
         if rung.distributed == "none":
-            summary = train(**common, **rung.options, out=folder)
+            with threads_of_a_rank(cpu_ranks(common)):  # like against like beside the CPU ranks
+                summary = train(**common, **rung.options, out=folder)
         else:
             summary = run_ranks(shape.ranks, folder, distributed=rung.distributed, **common, **rung.options).summary
         rows.append(_row(rung, summary))
@@ -219,10 +239,9 @@ def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:
     ddp, fsdp, recomputed = (rows.loc[name] for name in ("DDP", "FSDP", "FSDP + activation checkpointing"))
     state = ["parameters_mib", "gradients_mib", "optimizer_state_mib"]
     ddp_state, fsdp_state = ddp[state].sum(), fsdp[state].sum()
-    recompute_change = recomputed["images_per_second"] / fsdp["images_per_second"] - 1
-    fsdp_change = fsdp["images_per_second"] / ddp["images_per_second"] - 1
-    # More compute cannot make a step faster: a faster recomputing run is a disturbed measurement, not a finding
-    noise = " (faster here, which more compute cannot be: another process slowed one of the runs; not a finding)"
+    recompute = compare(recomputed["measured"], fsdp["measured"], bound=(0, 1),
+                        why="recomputing every block's forward pass adds work and removes none")
+    sharding = compare(fsdp["measured"], ddp["measured"])
     lines = [
         f"- Where the ranks ran: {where}.",
         f"- DDP keeps the whole model's state on every rank: **{ddp_state:.1f} MiB** of parameters, gradients and "
@@ -234,10 +253,10 @@ def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:
         "model. Activation checkpointing cut them to "
         f"**{recomputed['activations_mib']:.1f} MiB** ({recomputed['activations_mib'] / fsdp['activations_mib']:.0%}) "
         "by running every block's forward pass again in the backward pass, about a third more compute: "
-        f"**{recomputed['images_per_second']:.0f}** images/s against **{fsdp['images_per_second']:.0f}** "
-        f"({recompute_change:+.0%}){noise if recompute_change > 0 else ''}.",
-        f"- FSDP ran at **{fsdp['images_per_second']:.0f}** images/s against DDP's **{ddp['images_per_second']:.0f}** "
-        f"({fsdp_change:+.0%}). Per step it all-gathers every block's parameters twice (forward and backward) and "
+        f"**{recomputed['images_per_second']:.0f}** images/s against **{fsdp['images_per_second']:.0f}**: "
+        f"{recompute.sentence()}",
+        f"- FSDP ran at **{fsdp['images_per_second']:.0f}** images/s against DDP's **{ddp['images_per_second']:.0f}**: "
+        f"{sharding.sentence()} Per step it all-gathers every block's parameters twice (forward and backward) and "
         "reduce-scatters the gradients, about 1.5 times the bytes of DDP's all-reduce; what that costs depends on "
         "how much of it hides behind the computation, which GPUs show (the table of GPU rows below, once recorded).",
     ]

@@ -27,6 +27,7 @@ from course_utils.lessons.data_parallel import ParallelShape
 from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.communication import collective_bytes
 from course_utils.observe.metrics import read_records
+from course_utils.observe.noise import ALIKE, MIN_SAMPLES, SLOWER, UNKNOWN, Measurement, compare
 from course_utils.observe.profiling import TRACE_FILE
 from course_utils.parallel import tensor_parallel
 from course_utils.parallel.launch import LaunchResult, launch
@@ -127,14 +128,15 @@ def gpipe_bubble(stages: int, microbatches: int) -> float:
 
 def bubble_table(folder: Path, formula: Callable[[int, int], float]) -> pd.DataFrame:
     """Each micro-batch count's measured bubble (the share of the step a stage did not compute: 1 - its busy
-    time / the step's time, over the repeats) beside ``formula(stages, microbatches)``, the learner's."""
+    time / the step's time; the median over the repeats and the interval of their middle 80 %)
+    beside ``formula(stages, microbatches)``, the learner's."""
     ranks = _rank_files(folder)
     stages = len(ranks)
     rows = []
     for microbatches in sorted(ranks[0]["steps"]):
-        idle = [1 - rank["busy"] / step for rank in ranks for step in rank["steps"][microbatches]]
-        rows.append({"micro-batches": microbatches, "measured bubble": sum(idle) / len(idle),
-                     "lowest": min(idle), "highest": max(idle), "formula": formula(stages, microbatches)})
+        idle = Measurement.of(1 - rank["busy"] / step for rank in ranks for step in rank["steps"][microbatches])
+        rows.append({"micro-batches": microbatches, "measured bubble": idle.median, "low": idle.low,
+                     "high": idle.high, "formula": formula(stages, microbatches)})
     return pd.DataFrame(rows)
 
 
@@ -204,32 +206,30 @@ def bubble_answer(table: pd.DataFrame) -> str:
     lines = []
     for row in table.itertuples():
         count = row[1]
-        if row.lowest < 0:
+        if row.low < 0:
             lines.append(f"- {count} micro-batch(es): disturbed measurement (a step shorter than the stage's own "
                          "work, so the busy time was measured while another process slowed it); not a finding")
-        elif row.lowest <= row.formula <= row.highest:
+        elif math.isnan(row.low):
+            lines.append(f"- {count} micro-batch(es): measured {row[2]:.0%} from fewer than {MIN_SAMPLES} steps: the "
+                         f"spread is unknown, so the formula's {row.formula:.0%} cannot be judged against it")
+        elif row.low <= row.formula <= row.high:
             lines.append(f"- {count} micro-batch(es): the formula's {row.formula:.0%} is inside the measured "
-                         f"{row.lowest:.0%}-{row.highest:.0%}: no measurable difference")
-        elif row.lowest > row.formula:
+                         f"{row.low:.0%}-{row.high:.0%}: no measurable difference")
+        elif row.low > row.formula:
             lines.append(f"- {count} micro-batch(es): stages waited more than the formula's {row.formula:.0%} "
-                         f"(measured {row.lowest:.0%}-{row.highest:.0%}): smaller micro-batches compute less "
+                         f"(measured {row.low:.0%}-{row.high:.0%}): smaller micro-batches compute less "
                          "efficiently, the stages are not equal (the embedding, the head), and sending activations "
                          "costs time, none of which the formula counts")
         else:
             lines.append(f"- {count} micro-batch(es): stages waited less than the formula's {row.formula:.0%} "
-                         f"(measured {row.lowest:.0%}-{row.highest:.0%}), which equal stages cannot: the stages "
+                         f"(measured {row.low:.0%}-{row.high:.0%}), which equal stages cannot: the stages "
                          "are not equal, or the busy time was measured while another process slowed it")
     return "\n".join(lines)
 
 
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    series = pd.Series(values)
-    return series.quantile(0.25), series.median(), series.quantile(0.75)
-
-
 def modes_answer(table: pd.DataFrame, steps: dict[str, list[float]], on_gpus: bool) -> str:
     """Which parallelism for which limit, from the measured memory by kind (counted bytes: exact) and step times
-    (compared only where their quartiles do not overlap; ``on_gpus``: the ranks were GPUs, not CPU processes)."""
+    (compared by :func:`course_utils.observe.noise.compare`; ``on_gpus``: the ranks were GPUs, not CPU processes)."""
     by_mode = table.set_index("mode")
     state = by_mode[["parameters MiB", "gradients MiB", "optimizer_state MiB"]].sum(axis=1)
     activations = by_mode["activations MiB"]
@@ -259,13 +259,14 @@ def modes_answer(table: pd.DataFrame, steps: dict[str, list[float]], on_gpus: bo
                      f"{talk.idxmax()}. Data parallelism moves gradients, once per step whatever the batch; "
                      "tensor parallelism moves activations in every block, forward and backward, in proportion "
                      "to the images and tokens: it belongs where bandwidth is highest, inside a node.")
-    quartiles = {mode: _quartiles(values) for mode, values in steps.items() if values}
-    fastest = min(quartiles, key=lambda mode: quartiles[mode][1])
-    slower = [mode for mode in quartiles if quartiles[mode][0] > quartiles[fastest][2]]
-    alike = [mode for mode in quartiles if mode != fastest and mode not in slower]
-    speed = f"- **Speed**: the fastest median step was {fastest}'s ({quartiles[fastest][1]:.3f} s)"
-    speed += f"; measurably slower (quartiles apart): {', '.join(slower)}" if slower else ""
-    speed += f"; no measurable difference from {', '.join(alike)}" if alike else ""
+    rates = {mode: Measurement.of(values).inverse() for mode, values in steps.items() if values}
+    fastest = max(rates, key=lambda mode: rates[mode].median)
+    verdicts = {mode: compare(rates[mode], rates[fastest]).verdict for mode in rates if mode != fastest}
+    speed = f"- **Speed**: the fastest median step was {fastest}'s ({1 / rates[fastest].median:.3f} s)"
+    for verdict, heading in ((SLOWER, "measurably slower:"), (ALIKE, "no measurable difference from"),
+                             (UNKNOWN, "spread unknown (too few steps) for")):
+        named = [mode for mode, said in verdicts.items() if said == verdict]
+        speed += f"; {heading} {', '.join(named)}" if named else ""
     where = "one GPU per rank" if on_gpus else "CPU processes on a shared machine: not GPU speed"
     lines.append(f"{speed} ({where}).")
     return "\n".join(lines)

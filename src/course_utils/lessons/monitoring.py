@@ -22,10 +22,11 @@ from tqdm.auto import tqdm
 
 from course_utils import config, devices
 from course_utils.lessons.exercises import Check
-from course_utils.lessons.noise import measurable, relative_spread, spread_text
+from course_utils.lessons.reference import Goal
 from course_utils.observe import flops
 from course_utils.observe.clocks import timed_rate
 from course_utils.observe.monitor import Monitor, this_process_rows
+from course_utils.observe.noise import Comparison, Measurement, compare
 from course_utils.observe.profiling import NO_RANGES
 from course_utils.training import models
 from course_utils.training.options import TrainOptions
@@ -77,6 +78,17 @@ def _model_size(model: str, image_size: int) -> tuple[int, float]:
             flops.training_flops_per_image(lambda: models.build(model, image_size=image_size), image_size) / 1e9)
 
 
+def _fixed_batch_step(setup) -> Callable[[], int]:
+    """One training step on one batch already on the device, returning its image count."""
+    images, labels = next_batch(iter(setup.loaders.train), setup.device, NO_RANGES, setup.cfg.channels_last)
+
+    def step() -> int:
+        train_step(setup, [(images, labels)], NO_RANGES)
+        return len(labels)
+
+    return step
+
+
 def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 2, image_size: int = 32,
                     monitor_backend: str = "auto", interval: float = 0.2, rounds: int = 1,
                     **train_options) -> dict:
@@ -97,12 +109,7 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        images, labels = next_batch(iter(setup.loaders.train), device, NO_RANGES)
-
-        def step() -> int:
-            train_step(setup, [(images, labels)], NO_RANGES)
-            return batch_size
-
+        step = _fixed_batch_step(setup)
         monitor = Monitor(monitor_backend, interval, device)  # sampling starts with the timed steps
         try:
             rates = [timed_rate(step, steps, warmup if number == 0 else 0, device,
@@ -113,9 +120,10 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
         device_rows = this_process_rows(monitor.frame())
         rate = statistics.median(rates)
         peak, memory_source = _peak_memory(device, device_rows)
-        row.update(images_per_second=rate, spread=relative_spread(rates), rates=rates, step_ms=1000 * batch_size / rate,
+        row.update(images_per_second=rate, spread=Measurement.of(rates).spread, rates=rates,
+                   step_ms=1000 * batch_size / rate,
                    mfu=flops.mfu(rate, row["training_gflops_per_image"] * 1e9, devices.device_name(device),
-                                 train_options.get("amp", "off")),
+                                 train_options.get("amp", "off"), strict_fp32=not devices.tf32_convolutions()),
                    peak_memory_mib=peak, memory_source=memory_source,
                    utilization_percent=device_rows["utilization_percent"].mean(),
                    power_watts=device_rows["power_watts"].mean(),
@@ -132,6 +140,60 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
     return row
 
 
+MONITOR_COST_GOAL = 0.01  # the monitor may cost at most 1 % of a training step's throughput
+
+
+def monitor_cost(model: str, batch_size: int, steps: int = 150, rounds: int = 5, image_size: int = 32,
+                 warmup: int = 10, make_monitor: Callable[[torch.device], Monitor] | None = None,
+                 **train_options) -> pd.DataFrame:
+    """What sampling the device costs training, where it can be seen: one process, one fixed batch on the
+    device, and in each of ``rounds`` three blocks of ``steps`` iterations: plain, monitored, plain again. The
+    two plain blocks around each monitored one show how far two identical blocks lie apart (the noise floor);
+    the monitored block against their mean is the cost. ``make_monitor``: the monitor to measure (default: the
+    one ``--monitor`` starts, every 0.5 s)."""
+    make_monitor = make_monitor or (lambda device: Monitor("auto", 0.5, device))
+    setup = prepare(TrainOptions(model=model, batch_size=batch_size, data="synthetic", train_samples=batch_size,
+                                 test_samples=batch_size, workers=0, image_size=image_size, progress=False,
+                                 **train_options))
+    step, device = _fixed_batch_step(setup), setup.device
+    timed_rate(step, 1, warmup, device)
+    rows = []
+    for number in range(rounds):
+        before, _ = timed_rate(step, steps, 0, device)
+        monitor = make_monitor(device)  # opened outside the block: its set-up is paid once per run, not per step
+        try:
+            monitored, _ = timed_rate(step, steps, 0, device, on_timed_start=monitor.start)
+        finally:
+            monitor.stop()
+        after, _ = timed_rate(step, steps, 0, device)
+        rows.append({"round": number, "steps": steps, "plain_before": before, "monitored": monitored,
+                     "plain_after": after, "samples": len(monitor.frame()), "backend": monitor.backend_name,
+                     "cost": (before + after) / 2 / monitored - 1, "noise_floor": abs(before / after - 1)})
+    return pd.DataFrame(rows)
+
+
+def monitor_cost_reading(table: pd.DataFrame) -> tuple[Measurement, Measurement, Comparison]:
+    """The monitor's cost (a share of the plain throughput) and the noise floor beside it, each over the rounds,
+    and the monitored blocks' throughput against the plain ones' (:func:`course_utils.observe.noise.compare`)."""
+    plain = Measurement.of(list(table["plain_before"]) + list(table["plain_after"]))
+    return Measurement.of(table["cost"]), Measurement.of(table["noise_floor"]), compare(
+        Measurement.of(table["monitored"]), plain)
+
+
+MONITOR_COST_SOURCE = ("the course's goal for an observer that runs beside every workshop run: below the 1-2 % "
+                       "that repeated GPU runs already vary by, so that watching never changes the answer")
+
+
+def monitor_cost_goals(cost: float, floor: float) -> list[Goal]:
+    """The cost against its goal, and the floor against the cost's goal (the measurement's resolution): where
+    the floor is not below the goal, the cost is not judged, whatever its value."""
+    resolved = floor < MONITOR_COST_GOAL
+    return [Goal("monitor's cost, share of the plain throughput", cost, f"at most {MONITOR_COST_GOAL:.0%}",
+                 cost <= MONITOR_COST_GOAL if resolved else None, MONITOR_COST_SOURCE),
+            Goal("noise floor (plain against plain)", floor, f"below {MONITOR_COST_GOAL:.0%}", resolved,
+                 "a floor above the goal could not tell a cost of 1 % from none")]
+
+
 def sweep(model_names: Iterable[str], batch_sizes: Iterable[int], steps: int = 10, rounds: int = 3,
           **options) -> pd.DataFrame:
     """:func:`measure_setting` for every model and batch size, with a progress bar."""
@@ -145,9 +207,9 @@ def _fits(sweep: pd.DataFrame) -> pd.DataFrame:
     return sweep[sweep["status"] == "ok"]
 
 
-def _speed_ratio(fast: pd.Series, slow: pd.Series) -> tuple[float, float]:
-    """How many times faster ``fast`` trained than ``slow``, and the larger of their two spreads."""
-    return fast["images_per_second"] / slow["images_per_second"], max(fast["spread"], slow["spread"])
+def _speed_ratio(fast: pd.Series, slow: pd.Series) -> Comparison:
+    """How many times faster ``fast`` trained than ``slow``, read through their rounds' spreads."""
+    return compare(Measurement.of(fast["rates"]), Measurement.of(slow["rates"]))
 
 
 def model_size(sweep: pd.DataFrame) -> str:
@@ -163,14 +225,12 @@ def model_size(sweep: pd.DataFrame) -> str:
     for (_, small), (_, large) in zip(rows.iterrows(), rows.iloc[1:].iterrows()):
         params = large["parameters"] / small["parameters"]
         work = large["training_gflops_per_image"] / small["training_gflops_per_image"]
-        slower, spread = _speed_ratio(small, large)
-        speed = (f"trains **{slower:.1f}x** slower" if measurable(slower, spread) else
-                 "trains at **no measurably different speed**")
+        speed = f"{small['model']}'s speed over its is {_speed_ratio(small, large).sentence()}"
         lines.append(f"- **{large['model']}** has **{params:.1f}x** the parameters of {small['model']} and "
                      f"**{work:.1f}x** its FLOPs per image ({large['training_gflops_per_image']:.2f} vs "
                      f"{small['training_gflops_per_image']:.2f} GFLOP per training image), and {speed} "
-                     f"({large['images_per_second']:.0f} vs {small['images_per_second']:.0f} images/s; rounds "
-                     f"spread by {spread_text(spread)}).")
+                     f"({large['images_per_second']:.0f} vs {small['images_per_second']:.0f} images/s, medians of "
+                     f"{len(large['rates'])} rounds).")
     lines.append("Parameters count weights, not work: the work per image (FLOPs, counted by PyTorch's "
                  "`FlopCounterMode`) is set by the layers times the spatial resolution they run at. Speed follows "
                  "FLOPs once the device is full; a small model may not fill it at all.")
@@ -201,10 +261,7 @@ def batch_size(sweep: pd.DataFrame) -> str:
         low, high = fits.iloc[0], fits.iloc[-1]
         memory, measured = _memory_text(low, high)
         grew |= measured
-        faster, spread = _speed_ratio(high, low)
-        speed = (f"throughput changed **{faster:.2f}x**" if measurable(faster, spread) else
-                 f"throughput showed **no measurable difference** ({faster:.2f}x, inside the rounds' spread of "
-                 f"{spread_text(spread)})")
+        speed = f"throughput changed {_speed_ratio(high, low).sentence()}"
         text = (f"- **{model}**: from batch {low['batch_size']} to {high['batch_size']} "
                 f"({high['batch_size'] / low['batch_size']:.0f}x), {memory} and {speed}")
         failed = rows[rows["status"] != "ok"]["batch_size"]

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from course_utils.lessons.exercises import Check, fixed_batches, tiny_cnn
-from course_utils.lessons.noise import measurable, relative_spread, spread_text
+from course_utils.observe.noise import Measurement, compare, spread_text
 from course_utils.observe.profiling import PHASES
 
 
@@ -31,7 +31,7 @@ def range_durations(prof: torch.profiler.profile) -> dict[str, list[float]]:
 
 def phase_agreement(prof: torch.profiler.profile, phases: pd.DataFrame) -> str:
     """Markdown: the share of each phase in the learner's profile beside the course's profiled run (host
-    clock), each difference set against the spread of that phase over the learner's recorded iterations."""
+    clock), each read through the spread of that phase's share over the learner's recorded iterations."""
     durations = range_durations(prof)
     missing = [phase for phase in PHASES if phase not in durations]
     if missing:
@@ -39,15 +39,15 @@ def phase_agreement(prof: torch.profiler.profile, phases: pd.DataFrame) -> str:
     total = sum(sum(durations[phase]) for phase in PHASES)
     course = phases.set_index("phase")["host_share_percent"]
     course_total = course[list(PHASES)].sum()
+    iterations = [sum(parts) for parts in zip(*(durations[phase] for phase in PHASES))]
     lines = []
     for phase in PHASES:
         mine = 100 * sum(durations[phase]) / total
         theirs = 100 * course[phase] / course_total
-        spread = relative_spread(durations[phase])
-        verdict = ("a difference larger than the spread" if measurable(mine / theirs, spread) else
-                   "no measurable difference")
-        lines.append(f"- `{phase}`: **{mine:.0f} %** in your profile, **{theirs:.0f} %** in the course's "
-                     f"(your {len(durations[phase])} iterations of it spread by {spread_text(spread)}): {verdict}.")
+        shares = Measurement.of(100 * part / whole for part, whole in zip(durations[phase], iterations) if whole > 0)
+        verdict = compare(shares, Measurement.once(theirs), words=("larger in yours", "smaller in yours"))
+        lines.append(f"- `{phase}`: **{mine:.0f} %** in your profile, **{theirs:.0f} %** in the course's (its share "
+                     f"in each of your iterations: {spread_text(shares)}): {verdict.sentence()}")
     lines.append("Shares are of the four phases together, on the host clock. Few iterations are recorded, so the "
                  "spread is wide: record more (`active` in the schedule) to narrow it.")
     return "\n".join(lines)

@@ -27,9 +27,11 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config
-from course_utils.lessons.data_parallel import SCRATCH, SPREAD_FLOOR, run_ranks
+from course_utils.atomic_files import write_text_atomic
+from course_utils.lessons.data_parallel import SCRATCH, measured_rate, run_ranks
 from course_utils.lessons.exercises import Check
 from course_utils.observe.metrics import load_run
+from course_utils.observe.noise import DISTURBED, compare
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training.options import changed_options
@@ -71,6 +73,7 @@ def table(summaries: Sequence[dict[str, Any]]) -> pd.DataFrame:
         "steps": s["steps"],
         "mean_iteration_seconds": sum(s["epoch_seconds"]) / s["steps"],  # as Detectron2 reports s/it: a mean
         "device": s["device"],
+        "measured": measured_rate(s),  # iteration by iteration, for the answers' verdicts
         **({"box_ap": s["box_ap"]} if "box_ap" in s else {}),  # a detector's runs: what the speed cost in accuracy
     } for s in summaries]).sort_values("ranks").reset_index(drop=True)
     base = rows.iloc[0]
@@ -143,13 +146,14 @@ def scaling_answer(tables: dict[str, pd.DataFrame]) -> str:
     """Markdown: how well each study scaled, at its largest rank count."""
     lines = []
     for name, table in tables.items():
-        last = table.iloc[-1]
-        above = last["efficiency"] > 1 + 2 * SPREAD_FLOOR
-        disturbed = (": above the ideal, a **disturbed measurement** (the smaller run slowed by other work on the "
-                     "machine), not a finding; run the study again" if above else "")
-        lines.append(f"- **{name}**: {int(last['ranks'])} ranks gave **{last['speedup']:.2f}x** the throughput of "
-                     f"{int(table.iloc[0]['ranks'])} ({last['efficiency']:.0%} efficiency), global batch "
-                     f"{int(last['global_batch'])}{disturbed}.")
+        first, last = table.iloc[0], table.iloc[-1]
+        speedup = compare(last["measured"], first["measured"], bound=(0, last["ideal"]),
+                          why=f"{int(last['ranks'])} ranks do at most {last['ideal']:g}x the work of "
+                              f"{int(first['ranks'])}")
+        efficiency = ("" if speedup.verdict == DISTURBED else
+                      f" ({last['efficiency']:.0%} efficiency, the speed-up over the ideal)")
+        lines.append(f"- **{name}**: {int(last['ranks'])} ranks against {int(first['ranks'])}, global batch "
+                     f"{int(last['global_batch'])}: {speedup.sentence()}{efficiency}")
     lines.append("- Strong scaling shrinks each rank's batch, so compute per step falls while the all-reduce stays the "
                  "same size: efficiency drops first there. Weak scaling keeps each rank busy and is limited by the "
                  "all-reduce and by stragglers; on CPU processes that share cores it also shows the cores running out.")
@@ -249,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --ranks to run a study here, or --collect with finished runs")
     print(result.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.csv:
-        result.to_csv(args.csv, index=False)
+        write_text_atomic(Path(args.csv), result.to_csv(index=False))
     return 0
 
 

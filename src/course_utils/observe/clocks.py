@@ -68,8 +68,9 @@ def images_per_second(step_seconds: list[float], step_images: list[int], skip: i
 
 
 def steady_median(step_seconds: list[float], skip: int) -> float:
-    """The typical iteration after warm-up: the median of every step after the first ``skip``."""
-    return statistics.median(step_seconds[skip:] or step_seconds)
+    """The typical iteration after warm-up: the median of every step after the first ``skip`` (NaN for none: a
+    process resumed at its run's last step times no step)."""
+    return statistics.median(step_seconds[skip:] or step_seconds) if step_seconds else float("nan")
 
 
 def timed_rate(step: Callable[[], int], steps: int, warmup: int, device: torch.device,

@@ -16,7 +16,10 @@ from typing import Any
 import pandas as pd
 
 from course_utils.atomic_files import write_text_atomic
+from course_utils.observe.noise import Measurement
+from course_utils.observe.tensorboard import EVENTS_PREFIX, EventFile
 from course_utils.run_folder import RunFolder
+from course_utils.shared_folders import naming_the_file, open_file, refuse_link
 
 
 def json_safe(value: Any) -> Any:
@@ -57,35 +60,30 @@ class MetricsWriter:
         self.enabled = enabled
         self.kept: list[dict[str, Any]] = []
         self._stream = None
-        self._tensorboard = None
+        self._events = None
         if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-
             self.folder.path.mkdir(parents=True, exist_ok=True)
             path = self.folder.metrics
             if resume_step is None:
-                for old in self.folder.tensorboard.glob("events.out.tfevents.*"):
+                for old in refuse_link(self.folder.tensorboard).glob(f"{EVENTS_PREFIX}*"):
                     old.unlink()
             elif path.exists():
                 records = read_records(path)
                 self.kept = [r for r in records if r.get("step", 0) <= resume_step and not r.get("partial")]
                 write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in self.kept))
-            self._stream = open(path, "a" if resume_step is not None else "w")
+            self._stream = open_file(path, "a" if resume_step is not None else "w")
             # purge_step: TensorBoard hides the events of the abandoned steps after the checkpoint.
-            self._tensorboard = SummaryWriter(str(self.folder.tensorboard),
-                                              purge_step=None if resume_step is None else resume_step + 1)
+            self._events = EventFile(self.folder.tensorboard,
+                                          purge_step=None if resume_step is None else resume_step + 1)
 
     def record(self, record: dict[str, Any], scalars: dict[str, float] | None = None, step: int = 0) -> None:
         if not self.enabled:
             return
-        try:
+        with naming_the_file(self.folder.metrics):
             self._stream.write(json.dumps(json_safe(record)) + "\n")
             self._stream.flush()
-        except OSError as error:  # say which file: a failed write does not
-            raise OSError(error.errno, error.strerror, str(self.folder.metrics)) from error
-        for tag, value in (scalars or {}).items():
-            if value is not None and math.isfinite(value):
-                self._tensorboard.add_scalar(tag, value, step)
+        self._events.scalars({tag: value for tag, value in (scalars or {}).items()
+                                   if value is not None and math.isfinite(value)}, step)
 
     def summary(self, summary: dict[str, Any]) -> None:
         if self.enabled:
@@ -100,8 +98,11 @@ class MetricsWriter:
 
     def close(self) -> None:
         if self.enabled:
-            self._stream.close()
-            self._tensorboard.close()
+            try:
+                with naming_the_file(self.folder.metrics):  # a failed write's line is tried again here
+                    self._stream.close()
+            finally:
+                self._events.close()
 
 
 @dataclass
@@ -113,6 +114,12 @@ class Run:
     steps: pd.DataFrame  # one row per log point: step, epoch, loss, lr, ...
     epochs: pd.DataFrame  # one row per epoch
     summary: dict[str, Any]
+
+    def steady_rate(self) -> Measurement:
+        """Images per second of each iteration after the warm-up (rank 0's clock, all ranks' images), as one
+        measurement with its spread: what the answers compare runs with."""
+        seconds = self.iterations["seconds"].tolist()[self.summary["warmup_steps"]:] if len(self.iterations) else []
+        return Measurement.of(seconds).inverse().scaled(self.summary["global_batch_size"])
 
 
 def load_run(out_dir: Path) -> Run:

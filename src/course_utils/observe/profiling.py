@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ import pandas as pd
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from course_utils.atomic_files import write_text_atomic
+from course_utils.shared_folders import make_folder
 
 PHASES = ("data", "forward", "backward", "optimizer_step")
 TRACE_FILE = "trace.json"
@@ -98,12 +102,19 @@ def start_trace(out_dir: Path, plan: TraceSchedule, device: torch.device) -> pro
     tensorboard_dir = out_dir / "tensorboard"
 
     def on_trace_ready(prof: profile) -> None:
-        prof.export_chrome_trace(str(out_dir / TRACE_FILE))  # a trace can be exported only once
-        tensorboard_dir.mkdir(exist_ok=True)  # ... so give the TensorBoard plugin a copy, named its way
-        plugin_name = f"{socket.gethostname()}_{os.getpid()}.{time.time_ns() // 1_000_000}.pt.trace.json"
-        shutil.copyfile(out_dir / TRACE_FILE, tensorboard_dir / plugin_name)
-        top_operators(prof, count=50).to_csv(out_dir / OPERATORS_FILE, index=False)
-        phase_split(prof).to_csv(out_dir / PHASES_FILE, index=False)
+        # Exported into a folder of this process's own, then moved into place: the export would follow a link
+        # planted under the trace's name in a shared folder, a rename replaces it.
+        private = Path(tempfile.mkdtemp(prefix=".trace-", dir=out_dir))
+        try:
+            prof.export_chrome_trace(str(private / TRACE_FILE))  # a trace can be exported only once ...
+            plugin_name = f"{socket.gethostname()}_{os.getpid()}.{time.time_ns() // 1_000_000}.pt.trace.json"
+            shutil.copyfile(private / TRACE_FILE, private / plugin_name)  # ... so the TensorBoard plugin gets a copy
+            os.replace(private / plugin_name, make_folder(tensorboard_dir) / plugin_name)
+            os.replace(private / TRACE_FILE, out_dir / TRACE_FILE)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        write_text_atomic(out_dir / OPERATORS_FILE, top_operators(prof, count=50).to_csv(index=False))
+        write_text_atomic(out_dir / PHASES_FILE, phase_split(prof).to_csv(index=False))
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     prof = profile(activities=activities,

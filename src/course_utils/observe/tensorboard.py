@@ -1,7 +1,10 @@
-"""Read a run's TensorBoard event files back, and show TensorBoard where a person is watching
+"""Write a run's TensorBoard event files, read them back, and show TensorBoard where a person is watching
 (notebook 01).
 
-Reading the events with TensorBoard's own ``EventAccumulator`` proves they are real and lets a
+A run writes its events itself (:class:`EventFile`), in the training process's own thread, to a file it
+created: TensorBoard's writer reopens its file by name at each flush (following a link planted in a shared run
+folder meanwhile) and writes from a thread of its own, where a full disk becomes a thread's traceback that names
+no file. Reading the events with TensorBoard's own ``EventAccumulator`` proves they are real and lets a
 notebook show the same numbers in CI, where no TensorBoard server should be started.
 """
 
@@ -9,12 +12,55 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 
 from course_utils.notebook import interactive
+from course_utils.shared_folders import make_folder, naming_the_file, open_file
+
+EVENTS_PREFIX = "events.out.tfevents."
+
+
+class EventFile:
+    """A new TensorBoard event file in ``folder`` for scalars; ``purge_step``: a resumed run's first step, from
+    which TensorBoard hides the events an earlier process wrote (the steps after its checkpoint, done again)."""
+
+    def __init__(self, folder: Path, purge_step: int | None = None) -> None:
+        from tensorboard.compat.proto.event_pb2 import SessionLog
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        # TensorBoard reads a folder's event files in the order of their names: a later file sorts later.
+        name = f"{EVENTS_PREFIX}{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{time.time_ns()}"
+        self.path = make_folder(folder) / name
+        self._stream = open_file(self.path, "wb")
+        self._records = RecordWriter(self._stream)
+        events = [{"file_version": "brain.Event:2"}]
+        if purge_step is not None:  # as TensorBoard's own writer marks its purge_step
+            events.append({"step": purge_step, "session_log": SessionLog(status=SessionLog.START)})
+        self._write(events)
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._write([{"step": step, "summary": Summary(value=[Summary.Value(tag=tag, simple_value=value)])}
+                     for tag, value in values.items()])
+
+    def _write(self, events: list[dict]) -> None:
+        """Write and flush ``events`` (an Event's fields each)."""
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        with naming_the_file(self.path):
+            for fields in events:
+                self._records.write(Event(wall_time=time.time(), **fields).SerializeToString())
+            self._stream.flush()
+
+    def close(self) -> None:
+        with naming_the_file(self.path):  # what a failed write left in the buffer is tried again here
+            self._stream.close()
 
 
 def read_scalars(logdir: Path) -> pd.DataFrame:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils import config, devices
+from course_utils.atomic_files import write_text_atomic
 from course_utils.parallel import process_group
 
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -117,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"all-reduce, {where.world_size} ranks, {dist.get_backend()}, float32")
             print(format_table(table))
             if args.out:
-                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.out).write_text(json.dumps(table.to_dict("records"), indent=1) + "\n")
+                write_text_atomic(Path(args.out), json.dumps(table.to_dict("records"), indent=1) + "\n")
     except BaseException:
         process_group.leave()
         raise

@@ -1,19 +1,20 @@
-"""Start torchrun from a notebook cell, stream its output as it comes, end it cleanly (notebooks 06-08).
+"""Start torchrun from a notebook cell, stream its output as it comes, end it cleanly (notebooks 06-09).
 
     result = launch(2, "course_utils.train", "--distributed", "ddp", "--max-steps", "20", "--out", "runs/ddp")
     result.returncode, result.rank_logs[1], result.per_rank   # per_rank: each rank's steps and timings
 
 Every rank's output reaches the cell prefixed with its rank (torchrun's ``--tee``) and is kept per
-rank under ``log_dir``. On failure the tail of each rank's log is printed. Interrupting the cell, or
-the time limit (``timeout_seconds``, else the course size's :func:`time_limit`), ends the whole process
-group, so no rank is left behind; the limit's error names the ranks that had not exited.
+rank under ``log_dir``. On failure the tail of each rank's log is printed. No process of a launch outlives it:
+interrupting the cell, the time limit (``timeout_seconds``, else the course size's :func:`time_limit`), or a
+rank's process left behind after torchrun exits, ends them all (:mod:`.launched_processes`), and the limit's error
+says where each rank stood and which ones did not stop.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import psutil
 
 from course_utils import config
+from course_utils.parallel import launched_processes
 from course_utils.run_folder import RunFolder
 
 TAIL_LINES = 20
@@ -42,13 +43,23 @@ LIMIT_VARIABLE = "COURSE_LAUNCH_TIMEOUT"
 def time_limit() -> float:
     """The time limit of a launch that names none: ``COURSE_LAUNCH_TIMEOUT`` seconds, else the course size's."""
     value = os.environ.get(LIMIT_VARIABLE)
-    if value:
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"{LIMIT_VARIABLE}={value!r} is not a number of seconds; unset it for the course "
-                             f"size's limit ({TIME_LIMITS})") from None
-    return TIME_LIMITS[config.active_size_name()]
+    if not value:
+        return TIME_LIMITS[config.active_size_name()]
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{LIMIT_VARIABLE}={value!r} is not a positive number of seconds; set one such as 3600, "
+                         f"or unset it for the course size's limit ({TIME_LIMITS})")
+    return seconds
+
+
+def _checked_limit(seconds: float) -> float:
+    """A limit a launch can keep: nan would mean none at all, zero or less a timeout at once."""
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"timeout_seconds={seconds!r}: a launch's time limit is a positive number of seconds")
+    return float(seconds)
 
 
 @dataclass
@@ -110,35 +121,18 @@ def _out_dir(args: tuple[str, ...]) -> Path | None:
     return None
 
 
-def running_ranks(process: subprocess.Popen) -> list[str]:
-    """The ranks under torchrun that are still running, as ``rank R (pid P)``, from each process's ``RANK``."""
-    ranks = []
-    try:
-        children = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return ranks
-    for child in children:
-        try:
-            rank = child.environ().get("RANK")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if rank is not None:
-            ranks.append((int(rank), f"rank {rank} (pid {child.pid})"))
-    return [name for _, name in sorted(ranks)]
-
-
-def _end_group(process: subprocess.Popen, grace_seconds: float = 10.0) -> None:
-    """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_seconds``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace_seconds)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def last_lines(log_dir: Path) -> dict[int, str]:
+    """Rank -> the last line (not blank) it wrote to stdout or stderr, whichever it wrote last, in its latest
+    attempt: read from its log files, which it writes itself, as the line streamed to the cell may lag."""
+    found: dict[int, str] = {}
+    logs = [path for path in Path(log_dir).rglob("std*.log") if path.parent.name.isdigit()]
+    for path in sorted(logs, key=lambda path: path.stat().st_mtime_ns):
+        with open(path, "rb") as stream:
+            stream.seek(max(0, path.stat().st_size - 4096))
+            lines = [line.strip() for line in stream.read().decode(errors="replace").splitlines() if line.strip()]
+        if lines:
+            found[int(path.parent.name)] = lines[-1]
+    return found
 
 
 def _forward(stream, lines: list[str], echo: bool) -> None:
@@ -157,16 +151,17 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
     ``max_restarts``: when a rank fails, torchrun ends the others and starts them all again, up to
     this many times (with ``--resume auto`` the training continues from its last checkpoint).
     ``env``: variables set for the ranks besides this process's own (``NCCL_DEBUG=INFO``...).
-    ``timeout_seconds``: the time limit (default :func:`time_limit`); past it every rank is ended and a
-    ``TimeoutError`` names those that had not exited.
+    ``timeout_seconds``: the time limit (default :func:`time_limit`), a positive number of seconds; past it every
+    process of the launch is ended and a ``TimeoutError`` says where each rank stood and which did not stop.
     """
-    timeout_seconds = time_limit() if timeout_seconds is None else timeout_seconds
+    timeout_seconds = _checked_limit(time_limit() if timeout_seconds is None else timeout_seconds)
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="torchrun-"))
     command = torchrun_command(nproc, module, args, log_dir, max_restarts)
     earlier = set(log_dir.iterdir()) if log_dir.is_dir() else set()
+    launched = launched_processes.Launch()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                               # its own process group, to end it as a whole
-                               start_new_session=True, env={**os.environ, **(env or {})})
+                               start_new_session=True, env={**os.environ, **(env or {}), **launched.marker})
+    launched.started.append(process)
     result = LaunchResult(returncode=-1)
     # A thread forwards the output, so that the wait below can time out even while the ranks are silent.
     reader = threading.Thread(target=_forward, args=(process.stdout, result.lines, echo), daemon=True)
@@ -174,17 +169,13 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
     try:
         result.returncode = process.wait(timeout=timeout_seconds)
     except subprocess.TimeoutExpired:
-        running = running_ranks(process)
-        _end_group(process)
-        left = f"{', '.join(running)} had not exited" if running else "no rank was running yet"
-        raise TimeoutError(f"torchrun ran past its limit of {timeout_seconds:g} s: {left}; every rank was ended "
-                           f"(their logs are in {log_dir})") from None
+        raise TimeoutError(f"torchrun ran past its limit of {timeout_seconds:g} s, and was ended: "
+                           f"{launched.end(last_lines(log_dir))} (the logs are in {log_dir})") from None
     except KeyboardInterrupt:
-        _end_group(process)
+        print(f"interrupted: {launched.end(last_lines(log_dir))} (the logs are in {log_dir})", file=sys.stderr)
         raise
     finally:
-        if process.poll() is None:
-            _end_group(process)
+        launched.end_leftovers()
         reader.join(timeout=10)
         process.stdout.close()
     result.rank_logs = _rank_logs(log_dir, earlier)

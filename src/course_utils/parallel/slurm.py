@@ -1,7 +1,9 @@
 """Submit a job script to Slurm from a notebook and follow it: state, log tail, exit code (notebook 08).
 
     job = submit("jobs/generic/ddp.sbatch", "--max-steps", "50", options=["--nodes=2"])
-    outcome = follow(job)            # prints the log as it grows; returns when the job has ended
+    remember(job, path)              # a notebook submits and goes on: a later cell, or a new kernel,
+    print(report(recall(path)))      # says where the job is, and how it ended once it has
+    outcome = follow(job)            # or wait: prints the log as it grows; returns when the job has ended
     outcome.state, outcome.exit_code
 
 The state comes from ``scontrol show job`` while Slurm remembers the job, then from ``sacct``
@@ -10,6 +12,7 @@ where accounting is set up. Nothing here needs more than the Slurm commands on t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -48,6 +51,11 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.state == "COMPLETED" and self.exit_code == 0
+
+    @property
+    def ended(self) -> bool:
+        """The job runs no more (or Slurm no longer knows it): nothing will change by waiting."""
+        return self.state in ENDED or self.state == "UNKNOWN"
 
 
 def submit(script: str | Path, *args: str, options: list[str] | tuple[str, ...] = (), cwd: Path | None = None,
@@ -104,6 +112,43 @@ def state(job: Job | str) -> Outcome:
         name = name.split()[0]
         return Outcome(name, _exit_status(code) if name in ENDED else None)
     return Outcome("UNKNOWN", None, "Slurm no longer remembers the job and has no accounting")
+
+
+def remember(job: Job, path: Path) -> None:
+    """Keep ``job`` in ``path`` (JSON) for :func:`recall`: a later cell, or a new kernel, reads it there."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"job_id": job.job_id, "log": str(job.log) if job.log else None,
+                                "submitted_at": job.submitted_at}) + "\n")
+
+
+def recall(path: Path) -> Job | None:
+    """The job :func:`remember` kept in ``path``; ``None`` when none was submitted."""
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    return Job(kept["job_id"], Path(kept["log"]) if kept["log"] else None, kept["submitted_at"])
+
+
+def log_tail(job: Job, lines: int = 20) -> str:
+    """The last ``lines`` of the job's log, when it has one that this job wrote."""
+    if job.log is None or not job.log.exists() or job.log.stat().st_mtime < job.submitted_at - 1:
+        return ""
+    return "\n".join(job.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def report(job: Job, outcome: Outcome | None = None) -> str:
+    """Where ``job`` is, in words: waiting or running (come back later), or how it ended, with its log's end
+    when it failed."""
+    outcome = outcome or state(job)
+    where = f"its log: {job.log}" if job.log else "squeue --me shows it"
+    if not outcome.ended:
+        reason = f" ({outcome.reason})" if outcome.reason and outcome.reason != "None" else ""
+        return f"job {job.job_id} is {outcome.state}{reason}: run this cell again later ({where})"
+    if outcome.ok:
+        return f"job {job.job_id} COMPLETED"
+    ended = f"job {job.job_id} ended {outcome.state}, exit code {outcome.exit_code}"
+    tail = log_tail(job)
+    return f"{ended}; the end of its log:\n{tail}" if tail else f"{ended}; {outcome.reason or where}"
 
 
 def follow(job: Job, poll_seconds: float = 1.0, timeout_seconds: float | None = None, echo: bool = True) -> Outcome:

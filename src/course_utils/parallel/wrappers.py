@@ -1,4 +1,4 @@
-"""How one model is spread over devices: not at all, DataParallel, DistributedDataParallel or FSDP
+"""How one model is distributed over devices: not at all, DataParallel, DistributedDataParallel or FSDP
 (notebooks 06-09; every run picks one with ``--distributed``; tensor parallelism, notebook 11, is in
 :mod:`course_utils.parallel.tensor_parallel`).
 
@@ -90,7 +90,7 @@ def wrap(model: nn.Module, mode: str, device: torch.device, options: DDPOptions 
         # On a machine without GPUs DataParallel calls the module directly: the same numbers, one device.
         return NamedDataParallel(model)
     if mode != "ddp":  # fsdp shards the model in place: course_utils.parallel.sharding.shard
-        raise ValueError(f"wrap() spreads a model by none, dp or ddp, not {mode!r}")
+        raise ValueError(f"wrap() distributes a model by none, dp or ddp, not {mode!r}")
     if options.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return nn.parallel.DistributedDataParallel(

@@ -27,11 +27,17 @@ import torch
 
 from course_utils.atomic_files import write_atomic
 from course_utils.run_folder import LAST_CHECKPOINT
+from course_utils.shared_folders import PlantedLink, make_folder
 from course_utils.training import shard_files
 
 SHARDED_SUFFIX = ".dcp"  # a folder of shards written by torch.distributed.checkpoint
 SHARDED_EXTRA = "extra.pt"  # in that folder: everything but the model and optimizer
 SHARDED_METADATA = shard_files.METADATA  # in that folder: written last, when every rank's shards are in place
+
+
+# How PyTorch's weights-only unpickler names what it refused to import ("Unsupported global: GLOBAL os.system" in
+# PyTorch 2.4-2.5, "Trying to load unsupported GLOBAL posix.system whose module posix is blocked" since 2.6).
+REFUSED_GLOBAL = "GLOBAL "
 
 
 class DamagedCheckpoint(RuntimeError):
@@ -58,14 +64,21 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def _read(path: Path, must_hold: str) -> dict[str, Any]:
+    damaged = (f"{path} is damaged: {path.stat().st_size} bytes that are not a whole PyTorch checkpoint (truncated, "
+               "overwritten, or not a checkpoint at all)")
+    if not zipfile.is_zipfile(path):  # what torch.save writes; anything else is not unpickled at all
+        raise DamagedCheckpoint(damaged)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, EOFError, RuntimeError, zipfile.BadZipFile) as error:
-        if str(error).startswith("Weights only load failed"):  # never load such a file another way
+    except OSError:
+        raise
+    except pickle.UnpicklingError as error:
+        if REFUSED_GLOBAL in str(error):  # a reference to code: never load such a file another way
             raise DamagedCheckpoint(f"{path} holds objects other than tensors and numbers; it was not loaded, "
                                     "since loading it could run code") from error
-        raise DamagedCheckpoint(f"{path} is damaged: {path.stat().st_size} bytes that are not a whole PyTorch "
-                                "checkpoint (truncated or overwritten)") from error
+        raise DamagedCheckpoint(damaged) from error
+    except Exception as error:  # a damaged archive fails in many ways: EOFError, KeyError, IndexError...
+        raise DamagedCheckpoint(damaged) from error
     if not isinstance(state, dict) or must_hold not in state:
         raise DamagedCheckpoint(f"{path} is not a checkpoint of this course's training command (no {must_hold})")
     return state
@@ -82,7 +95,7 @@ def _step_checkpoints(folder: Path) -> list[Path]:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():  # a link goes, not what it points to
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
@@ -109,9 +122,11 @@ def check_writable(folder: Path) -> None:
     """Fail before the first step, not at the first checkpoint, when ``folder`` cannot take checkpoints."""
     folder = Path(folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folder(folder)
         with tempfile.TemporaryFile(dir=folder):
             pass
+    except PlantedLink:
+        raise
     except OSError as error:
         raise OSError(error.errno, f"checkpoints cannot be written in {folder} ({error.strerror}); make it a "
                       "writable folder or choose another --out") from error

@@ -6,7 +6,8 @@ on the folder's ``.hold`` file while it runs. The operating system releases it w
 ends, however it ends, so a run that was killed leaves no stale hold behind; unlike ``flock``, the
 lock belongs to the process alone, not to the DataLoader workers it forks, which may outlive it by
 a few seconds. Network file systems (NFS, Lustre) pass such locks to their lock manager; where a
-file system has no locks, the run says so and goes on unprotected.
+file system has no locks, the run says so and goes on unprotected. A link planted under one of the names the
+course writes in the folder stops the run before anything is written (:mod:`course_utils.shared_folders`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import IO
 
 from course_utils.parallel.collectives import from_rank_zero
 from course_utils.run_folder import RunFolder
+from course_utils.shared_folders import open_file, refuse_link
 
 
 class FolderInUse(RuntimeError):
@@ -38,7 +40,9 @@ class FolderHold:
 
     def __enter__(self) -> FolderHold:
         self.folder.path.mkdir(parents=True, exist_ok=True)
-        stream = open(self.folder.hold, "a+")
+        for path in self.folder.own_paths:  # before the run reads or writes any of them
+            refuse_link(path)
+        stream = open_file(self.folder.hold, "a+")
         try:
             fcntl.lockf(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:

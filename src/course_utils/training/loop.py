@@ -19,8 +19,8 @@ from course_utils import devices
 from course_utils.data import coco
 from course_utils.observe.clocks import StepClock
 from course_utils.observe.memory import StepMemory, measure_step
-from course_utils.observe.metrics import MetricsWriter
-from course_utils.parallel.collectives import any_rank, gather, mean_over_ranks
+from course_utils.observe.metrics import MetricsWriter, read_records
+from course_utils.parallel.collectives import any_rank, from_rank_zero, gather, mean_over_ranks
 from course_utils.parallel.sharding import is_sharded
 from course_utils.run_folder import RunFolder
 from course_utils.training import checkpoint, preemption
@@ -98,12 +98,39 @@ class Loop:
     def _resume(self) -> None:
         resumed = self.state.resume(self.cfg.resume) if self.cfg.resume else None
         self.position = resumed or self.position
-        if self.position.step >= self.plan.total_steps:
-            raise ValueError(f"{self.folder.path} holds a finished run ({self.position.step} steps): nothing to "
-                             "resume; raise --epochs or --max-steps to train further, or choose another --out")
+        if resumed is not None and resumed.epoch_step >= self.plan.steps_per_epoch:
+            raise ValueError(
+                f"{self.state.resumed_from} stopped {resumed.epoch_step} steps into epoch {resumed.epoch + 1}, but an "
+                f"epoch of this run has {self.plan.steps_per_epoch} steps: its training data is smaller than the "
+                f"data of the run that wrote it (--data-dir {self.cfg.data_dir}); resume on the same data, or start "
+                "a new run with another --out")
+        if self.position.step < self.plan.total_steps:
+            return
+        # At the last step: a run whose summary was lost (a full disk as it was written) gets it now, from the
+        # records of its epochs; rank 0 reads them and every rank goes on, or stops, with it.
+        refusal = from_rank_zero(self._nothing_to_resume() if self.setup.where.is_main else None)
+        if refusal:
+            raise ValueError(refusal)
+
+    def _nothing_to_resume(self) -> str | None:
+        """Why a run resumed at its last step has nothing to do (None: its summary is to be written)."""
+        folder, steps = self.folder, self.position.step
+        further = "raise --epochs or --max-steps to train further"
+        if folder.summary.is_file():
+            return f"{folder.path} holds a finished run ({steps} steps): nothing to resume; {further}, or choose " \
+                   "another --out"
+        records = read_records(folder.metrics) if folder.metrics.is_file() else []
+        if not any(r.get("kind") == "epoch" and r.get("step") == steps and not r.get("partial") for r in records):
+            return (f"{folder.path} holds a run at its last step ({steps}), but its last epoch's record and its "
+                    f"summary were never written (a full disk?), so there is nothing to summarize; {further}, "
+                    "or train it again with --overwrite")
+        return None
 
     def run(self) -> dict[str, Any]:
         """Train to the end of the plan; the summary, which rank 0 also writes to ``summary.json``."""
+        if self.position.step >= self.plan.total_steps:
+            self.observers.say("nothing left to train: the summary is written from the run's records (this process "
+                               "timed no step, so it reports no throughput)")
         while self.position.step < self.plan.total_steps:
             epoch = self.position.epoch
             result = self.train_epoch()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from course_utils.atomic_files import write_text_atomic
 from course_utils.notebook import in_notebook
 from course_utils.observe.monitor import Monitor
 from course_utils.observe.profiling import Ranges, TraceSchedule, start_trace
@@ -53,7 +54,7 @@ class Observers:
             self.monitor.stop()
             samples = self.folder.node_monitor(self.node_rank)
             samples.parent.mkdir(parents=True, exist_ok=True)  # another node's disk may not hold the run folder
-            self.monitor.frame().to_csv(samples, index=False)
+            write_text_atomic(samples, self.monitor.frame().to_csv(index=False))
 
     def phase(self, name: str) -> None:
         """Label the monitor's samples from now on ("epoch 2", "eval 2")."""

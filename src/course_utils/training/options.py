@@ -58,10 +58,12 @@ class TrainOptions:
     workers: int | None = option(None, "DataLoader worker processes", at_least=0)
     loader: str = option("torch", "torch: augment in DataLoader workers; dali: an NVIDIA DALI pipeline (GPU "
                          "operators on NVIDIA, CPU operators elsewhere); gpu-aug: uint8 batches augmented on the "
-                         "device (the AMD path)", choices=LOADERS)
+                         "device (the AMD path); resident: the whole uint8 data set kept on the device, each batch "
+                         "indexed and augmented there (data that fits, as CIFAR-100 does)", choices=LOADERS)
     pin_memory: bool | None = option(None, "page-locked host batches for faster copies to the GPU (default: on "
                                      "with a GPU)")
-    persistent_workers: bool = option(False, "keep DataLoader workers alive between epochs")
+    persistent_workers: bool = option(True, "keep DataLoader workers alive between epochs (--no-persistent-workers "
+                                      "starts them again every epoch, a cost the first batches of each pay)")
     prefetch_factor: int | None = option(None, "batches each worker loads ahead (default: PyTorch's, 2)",
                                          at_least=1)
     seed: int = option(0, "random seed; a CPU run with the same seed repeats exactly")
@@ -120,6 +122,8 @@ class TrainOptions:
                              "last one, under no_sync for the others)", metavar="N", at_least=1)
     warmup_epochs: float = option(0.0, "raise the learning rate linearly from ~0 to --lr over this many epochs, "
                                   "then anneal (large global batches need it)", at_least=0)
+    warmup_steps: int | None = option(None, "the same warm-up over this many iterations instead of epochs (Detectron2 "
+                                      "warms a detector up over its first 1,000)", metavar="N", at_least=1)
     dist_timeout: float = option(600.0, "seconds a rank waits for the others before it fails instead of hanging",
                                 above=0)
     checkpoint_every: int | None = option(None, "also checkpoint every N steps within an epoch (every epoch's end "

@@ -16,6 +16,7 @@ import sys
 import threading
 from types import FrameType
 
+from course_utils.atomic_files import write_text_atomic
 from course_utils.run_folder import RunFolder
 
 EXIT_CODE = 99  # "checkpointed after a stop signal: resume me"
@@ -56,7 +57,7 @@ class StopSignals:
 
 def mark(folder: RunFolder, step: int, signal_name: str) -> None:
     """Leave the marker the job scripts look for (a launcher such as torchrun hides the exit code)."""
-    folder.preempted.write_text(f"stopped by {signal_name} after step {step}; resume with --resume auto\n")
+    write_text_atomic(folder.preempted, f"stopped by {signal_name} after step {step}; resume with --resume auto\n")
 
 
 def clear(folder: RunFolder) -> None:

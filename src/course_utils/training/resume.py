@@ -37,7 +37,7 @@ from course_utils.training.setup import Setup
 # stopped (the restored optimizer keeps its own learning rate, momentum and weight decay), besides the global
 # batch. Longer training (--epochs, --max-steps) and how fast it runs (workers, layout, compile) may change.
 SAME_TRAINING = ("model", "image_size", "seed", "train_samples", "data", "loader",
-                 "lr", "momentum", "weight_decay", "warmup_epochs", "amp", "augment")
+                 "lr", "momentum", "weight_decay", "warmup_epochs", "warmup_steps", "amp", "augment")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -69,6 +69,42 @@ def generator_state(generator: torch.Generator | None) -> torch.Tensor | None:
     return generator.get_state() if generator is not None else None
 
 
+# What the training command writes in a checkpoint besides the model and optimizer (which a sharded one keeps in
+# its shards), by the type each must have; a file without them loads but cannot be resumed.
+RUN_STATE = {"scheduler": dict, "scaler": dict, "config": dict, "ranks": list, "world_size": int, "step": int,
+             "epoch": int, "epoch_step": int, "epoch_loss_sum": (int, float)}
+WHOLE_MODEL_STATE = {"model": dict, "optimizer": dict}
+KINDS = {dict: "dictionary", list: "list", int: "whole number", (int, float): "number"}
+SAVED_CONFIG = ("distributed", "batch_size", "grad_accum")  # what a resume reads of the saved configuration
+SAVED_RANK = ("rng", "loader", "augment")  # what each rank's entry holds
+
+
+def check_run_state(path: Path, state: dict[str, Any]) -> None:
+    """Refuse, as :class:`checkpoint.DamagedCheckpoint`, a file that loads but lacks what a resume reads."""
+    expected = RUN_STATE if Path(path).is_dir() else {**WHOLE_MODEL_STATE, **RUN_STATE}
+    wrong = [f"no {name}" if name not in state else f"its {name} is not a {KINDS[kind]}"
+             for name, kind in expected.items() if not isinstance(state.get(name), kind)]
+    if not wrong:
+        wrong += [f"its config has no {name}" for name in SAVED_CONFIG if name not in state["config"]]
+        wrong += [f"a negative {name}" for name in ("step", "epoch", "epoch_step") if state[name] < 0]
+        if len(state["ranks"]) != state["world_size"]:
+            wrong.append(f"its ranks list holds {len(state['ranks'])} entries for a world size of "
+                         f"{state['world_size']}")
+        elif not all(isinstance(rank, dict) and all(name in rank for name in SAVED_RANK) for rank in state["ranks"]):
+            wrong.append(f"an entry of its ranks list lacks {', '.join(SAVED_RANK)}")
+    if wrong:
+        raise checkpoint.DamagedCheckpoint(
+            f"{path} loads but is not a whole checkpoint of this course's training command ({'; '.join(wrong)}): "
+            "written by another program or changed by hand; resume from another checkpoint (--resume auto passes "
+            "over it), or start anew with --overwrite")
+
+
+def _load(path: Path) -> dict[str, Any]:
+    state = checkpoint.load(path)
+    check_run_state(path, state)
+    return state
+
+
 def find(resume: str, checkpoint_dir: Path, passed_over: dict[Path, str] | None = None,
          ) -> tuple[Path, dict[str, Any], list[str]] | None:
     """The checkpoint ``--resume`` names, loaded: ``auto`` is the newest whole one in this run's folder
@@ -83,7 +119,7 @@ def find(resume: str, checkpoint_dir: Path, passed_over: dict[Path, str] | None 
         if not path.exists():
             raise FileNotFoundError(f"--resume {resume}: no such checkpoint; use --resume auto to continue the run "
                                     f"in --out, or give a file such as {Path(checkpoint_dir) / LAST_CHECKPOINT}")
-        return path, checkpoint.load(path), []
+        return path, _load(path), []
     passed_over = passed_over or {}
     skipped = []
     for path in checkpoint.candidates(checkpoint_dir):
@@ -91,7 +127,7 @@ def find(resume: str, checkpoint_dir: Path, passed_over: dict[Path, str] | None 
             skipped.append(passed_over[path])
             continue
         try:
-            return path, checkpoint.load(path), skipped
+            return path, _load(path), skipped
         except checkpoint.DamagedCheckpoint as error:
             skipped.append(str(error))
     if skipped:

@@ -52,6 +52,6 @@ def lr_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
 
 
 def scheduler(setup: Setup, plan: Plan) -> torch.optim.lr_scheduler.LambdaLR:
-    """The run's learning-rate scheduler: ``--warmup-epochs`` of warm-up, then the cosine."""
-    warmup = round(setup.cfg.warmup_epochs * plan.steps_per_epoch)
+    """The run's learning-rate scheduler: ``--warmup-steps`` (or ``--warmup-epochs``) of warm-up, then the cosine."""
+    warmup = setup.cfg.warmup_steps or round(setup.cfg.warmup_epochs * plan.steps_per_epoch)
     return torch.optim.lr_scheduler.LambdaLR(setup.optimizer, lr_schedule(plan.scheduled_steps, warmup))

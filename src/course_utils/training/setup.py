@@ -61,7 +61,7 @@ DDP_KNOBS = tuple(knob.name for knob in fields(DDPOptions))  # each is also a tr
 
 
 def check_parallel_options(cfg: TrainOptions, world_size: int, device: torch.device) -> None:
-    """Refuse options that do not fit the way the model is spread, naming the fix."""
+    """Refuse options that do not fit the way the model is distributed, naming the fix."""
     changed = [f"--{name.replace('_', '-')}" for name in DDP_KNOBS
                if getattr(cfg, name) != TrainOptions.__dataclass_fields__[name].default]
     if changed and cfg.distributed != "ddp":
@@ -102,22 +102,48 @@ def _check_tensor_parallel(cfg: TrainOptions, world_size: int) -> None:
                          "--tp-size, or use --distributed tp or fsdp-tp")
     if cfg.distributed not in tensor_parallel.TENSOR_PARALLEL_MODES:
         return
-    tp = tensor_parallel.degree(cfg.distributed, cfg.tp_size, world_size)
-    rows = 2 if cfg.distributed == "fsdp-tp" else 1
-    if tp < 2 or world_size % tp or world_size // tp < rows:
-        need = f"{rows} x {max(tp, 2)} = {rows * max(tp, 2)} ranks" if rows > 1 else "2 or more ranks"
-        layout = f" and --tp-size {cfg.tp_size}" if cfg.tp_size else ""
-        raise ValueError(f"--distributed {cfg.distributed} with {world_size} rank(s){layout}: it needs {need}, a "
-                         "whole number of groups of --tp-size; start it with torchrun --nproc-per-node N to fit, "
-                         "or use --distributed none")
-    if cfg.distributed == "tp" and cfg.tp_size not in (None, world_size):
-        # tp has no data dimension: smaller groups would each train a model of their own, never averaged
-        raise ValueError(f"--distributed tp splits each layer over all {world_size} ranks, not --tp-size "
-                         f"{cfg.tp_size}: drop --tp-size, or use --distributed fsdp-tp --tp-size {cfg.tp_size} "
-                         "(FSDP over the groups)")
+    if cfg.distributed == "tp":
+        _check_tp(cfg.tp_size, world_size)
+    else:
+        _check_fsdp_tp(tensor_parallel.degree(cfg.distributed, cfg.tp_size, world_size), world_size)
     if cfg.activation_checkpointing or cfg.compile:
         raise ValueError(f"--distributed {cfg.distributed} is tested without --activation-checkpointing and "
                          "--compile in this course; drop them, or use --distributed fsdp")
+
+
+def _start(ranks: int) -> str:
+    return f"start {ranks} ranks (torchrun --nproc-per-node {ranks}, or srun with {ranks} tasks)"
+
+
+def _check_tp(tp_size: int | None, world_size: int) -> None:
+    """``--distributed tp`` splits each layer over every rank: 2 or more, and no other --tp-size."""
+    if world_size < 2:
+        raise ValueError(f"--distributed tp with 1 rank: it splits each layer over 2 or more ranks; {_start(2)}, or "
+                         "use --distributed none")
+    if tp_size in (None, world_size):
+        return
+    # tp has no data dimension: smaller groups would each train a model of their own, never averaged
+    fixes = ["drop --tp-size"]
+    if tp_size >= 2:
+        fixes.append(_start(tp_size))
+        if world_size % tp_size == 0:
+            fixes.append(f"use --distributed fsdp-tp --tp-size {tp_size} (FSDP over the groups)")
+    raise ValueError(f"--distributed tp splits each layer over all {world_size} ranks, not --tp-size {tp_size}: "
+                     f"{', or '.join(fixes)}")
+
+
+def _check_fsdp_tp(tp: int, world_size: int) -> None:
+    """``--distributed fsdp-tp`` needs groups of 2 or more ranks (--tp-size), and 2 or more such groups."""
+    if tp < 2:
+        raise ValueError(f"--distributed fsdp-tp with --tp-size {tp}: a layer is split over 2 or more ranks; use "
+                         "--tp-size 2 or more, or --distributed fsdp")
+    if world_size % tp == 0 and world_size // tp >= 2:
+        return
+    fitting = [size for size in range(2, world_size // 2 + 1) if world_size % size == 0]
+    other = f", or --tp-size {fitting[-1]} for these {world_size} ranks" if fitting else ""
+    raise ValueError(f"--distributed fsdp-tp with {world_size} rank(s) and --tp-size {tp}: it needs 2 or more groups "
+                     f"of {tp} ranks ({2 * tp}, {3 * tp}, ... ranks); {_start(2 * tp)}{other}, or use "
+                     "--distributed none")
 
 
 def seed_everything(seed: int) -> None:
@@ -233,7 +259,7 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     recomputed = checkpoint_blocks(models.blocks(model)) if cfg.activation_checkpointing else []
-    wrapped = _spread(model, cfg, device, tp)
+    wrapped = _distribute(model, cfg, device, tp)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay, fused=cfg.fused_optimizer or None)
     step_model = torch.compile(wrapped, mode=cfg.compile) if cfg.compile else wrapped
@@ -243,8 +269,8 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
                  nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp], tp)
 
 
-def _spread(model: nn.Module, cfg: TrainOptions, device: torch.device, tp: int) -> nn.Module:
-    """The model as ``--distributed`` spreads it: split in place by tensor parallelism and sharded by FSDP
+def _distribute(model: nn.Module, cfg: TrainOptions, device: torch.device, tp: int) -> nn.Module:
+    """The model as ``--distributed`` lays it out: split in place by tensor parallelism and sharded by FSDP
     (over the whole group, or over the data dimension of a 2-D mesh), or wrapped (or not)."""
     if cfg.distributed in tensor_parallel.TENSOR_PARALLEL_MODES:
         grid = tensor_parallel.mesh(tp, device.type)

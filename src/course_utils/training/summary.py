@@ -120,7 +120,8 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
     work = None if cfg.detection else flops.training_flops_per_image(  # detectors take lists of images
         lambda: models.build(cfg.model, num_classes=class_count(cfg.data, cfg.data_dir), image_size=cfg.image_size),
         cfg.image_size)
-    peak = flops.peak_tflops(devices.device_name(device), cfg.amp)
+    strict = not devices.tf32_convolutions()  # notebook 05's strict-fp32 stage is held to the fp32 peak
+    peak = flops.peak_tflops(devices.device_name(device), cfg.amp, strict)
     return {
         "images_per_second": rate,
         "warmup_steps": skip,
@@ -147,7 +148,8 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         "parameters": models.count_parameters(setup.model),
         "training_flops_per_image": work,
         # Achieved FLOP/s over the devices' dense peak for this precision; None where the peak or the work is not known.
-        "mfu": work and flops.mfu(rate, work, devices.device_name(device), cfg.amp, devices=dp_devices or world),
+        "mfu": work and flops.mfu(rate, work, devices.device_name(device), cfg.amp, devices=dp_devices or world,
+                                  strict_fp32=strict),
         "peak_tflops": peak[0] if peak else None,
         "peak_source": peak[1] if peak else None,
         "train_samples": plan.steps_per_epoch * setup.images_per_step * setup.data_ranks,

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Record the course's reference results on the GPU node this runs on, in at most nine minutes:
+#
+#   benchmarks/record_reference.sh              # on a GPU node (an H100, an MI250X GCD on LUMI, ...)
+#   benchmarks/record_reference.sh --dry-run    # the same plan at the ci size on the CPU (CI runs it)
+#
+# It uses the checkout's .venv where there is one, else $PYTHON, else python3 (inside LUMI's container, the
+# container's Python). What it does, and its options: benchmarks/record_reference.py --help.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+exec "$PYTHON" benchmarks/record_reference.py "$@"
