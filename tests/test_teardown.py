@@ -29,7 +29,10 @@ SCRIPT = textwrap.dedent('''
     flag = Path(sys.argv[1])
     unsorted = list(range(3_000_000))
     random.Random(0).shuffle(unsorted)
-    atexit.register(sorted, unsorted)  # registered first, so run last: C code that holds the GIL for a while
+    # Exit handlers run last registered first: these two run last, the flag (rank 1 may now complete the
+    # all-reduce), then a long sort in C that holds the GIL until the teardown starts.
+    atexit.register(sorted, unsorted)
+    atexit.register(flag.touch)
     import torch
     import torch.distributed as dist
 
@@ -45,7 +48,6 @@ SCRIPT = textwrap.dedent('''
         time.sleep(2)  # rank 0's end comes first
         os._exit(0)
     del work
-    atexit.register(flag.touch)  # the first exit handler to run: rank 1 may now complete the all-reduce
 
 
     class SlowTeardown:
@@ -73,7 +75,7 @@ def _rank_zero_of(script: Path, ending: str, tmp_path: Path, port: int) -> subpr
     finally:
         for rank in ranks:
             rank.kill()
-    return subprocess.CompletedProcess(ranks[0].args, ranks[0].returncode, outputs[0])
+    return subprocess.CompletedProcess(ranks[0].args, ranks[0].returncode, f"{outputs[0]}\n-- rank 1:\n{outputs[1]}")
 
 
 def test_the_forced_schedule_aborts_a_rank_that_ends_through_the_interpreters_teardown(tmp_path, free_port):
