@@ -11,13 +11,16 @@ address. Each process uses the GPU of its local rank; the backend comes from :mo
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import socket
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -142,6 +145,29 @@ def leave(together: bool = False) -> None:
     dist.destroy_process_group()
 
 
+def end_process(code: int = 0) -> NoReturn:
+    """End this process as Python would, minus the interpreter's teardown: the other Python threads are
+    joined, the exit handlers run and the output is flushed, then the process ends with ``code``. Only for
+    the end of a script or command, never inside a notebook's kernel.
+
+    Why. ``destroy_process_group`` does not end gloo's worker threads while something still holds the group,
+    and PyTorch does: DDP's reducer, DTensor's device mesh (cached by DTensor itself), FSDP. A worker that has
+    just finished a collective frees its tensors, and freeing one whose Python object the script already let
+    go takes Python's GIL. If it is waiting for the GIL when the interpreter starts tearing itself down,
+    Python ends that thread with ``pthread_exit``; the unwinding meets a C++ destructor that may not throw,
+    and the rank dies of SIGABRT with "terminate called without an active exception", after its work was
+    done. Without the teardown no thread is stopped half-way: the operating system ends them all at once.
+    """
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
 def rank_print(*values: object, everyone: bool = False) -> None:
     """Print with a ``[rank r/w]`` prefix; only rank 0 prints unless ``everyone``."""
     where = placement()
@@ -170,4 +196,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())
