@@ -164,14 +164,18 @@ def test_loader_workers_are_not_counted_as_ranks():
 FAILING = """import os, signal, sys
 if os.environ["RANK"] == "1" and sys.argv[1] == "raise":
     raise AttributeError("'DistributedSampler' object has no attribute 'set_epock'")
-if os.environ["RANK"] == "1" and sys.argv[1] == "abort":
+if os.environ["RANK"] == "1" and sys.argv[1] in ("abort", "abort-while-rank-0-waits"):
     os.kill(os.getpid(), signal.SIGABRT)  # as a C++ teardown that calls std::terminate
+if os.environ["RANK"] == "0" and sys.argv[1] == "abort-while-rank-0-waits":
+    import time
+    time.sleep(120)  # still running when rank 1 dies: torchrun ends it, and it did nothing wrong
 print("rank", os.environ["RANK"], "ended cleanly")
 """
 
 
-@pytest.mark.parametrize("how", ["raise", "abort"])
+@pytest.mark.parametrize("how", ["raise", "abort", "abort-while-rank-0-waits"])
 def test_the_failed_rank_is_named_whether_it_raised_or_died_of_a_signal(tmp_path, how):
+    """Only the rank that failed: not one that torchrun ended because another had failed."""
     script = tmp_path / "failing.py"
     script.write_text(FAILING)
     result = launch(2, str(script), how, log_dir=tmp_path / "logs", timeout_seconds=240, echo=False)

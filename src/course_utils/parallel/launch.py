@@ -29,9 +29,12 @@ from course_utils.parallel import launched_processes
 from course_utils.run_folder import RunFolder
 
 TAIL_LINES = 20
-# torchrun's failure report names each failed rank on a line of its own ("  rank      : 1 (local_rank: 1)"), the
-# root cause first; a rank's own lines reach the output prefixed ("[default1]:"), so they never match.
+# torchrun's failure report names each failed rank on a line of its own ("  rank      : 1 (local_rank: 1)") with
+# its exit code below it ("  exitcode  : -15 (pid: 4242)"): first the other failures, then under "Root Cause" the
+# first one. A rank's own lines reach the output prefixed ("[default1]:"), so they never match.
 REPORTED_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+REPORTED_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+ENDED_BY_TORCHRUN = -15  # SIGTERM: torchrun's own signal to the ranks still running after the first failure
 TRACEBACK = "Traceback (most recent call last)"
 
 # The longest a launch may run, in seconds, per course size: a rank that never exits (a deadlock at the end of a
@@ -80,12 +83,23 @@ class LaunchResult:
 
     @property
     def failed_ranks(self) -> list[int]:
-        """The ranks that failed: those torchrun's failure report names (the first failure first), then any
-        other whose log holds a Python traceback. Empty when every rank ended cleanly, or when torchrun failed
-        before any rank ran (a bad flag, a missing script): ``ok`` tells those apart."""
-        reported = [int(match[1]) for line in self.lines if not self.ok and (match := REPORTED_RANK.match(line))]
+        """The ranks that failed on their own: the first failure of torchrun's report, then the others it
+        reports that torchrun did not end itself (SIGTERM after the first failure), then any other whose log
+        holds a Python traceback. Empty when every rank ended cleanly, or when torchrun failed before any rank
+        ran (a bad flag, a missing script): ``ok`` tells those apart."""
+        root, others = [], []
+        reported, rank = others, None
+        for line in self.lines if not self.ok else []:
+            if line.startswith("Root Cause"):
+                reported = root
+            elif match := REPORTED_RANK.match(line):
+                rank = int(match[1])
+            elif (match := REPORTED_EXIT.match(line)) and rank is not None:
+                if int(match[1]) != ENDED_BY_TORCHRUN or reported is root:
+                    reported.append(rank)
+                rank = None
         raised = [rank for rank, text in sorted(self.rank_logs.items()) if TRACEBACK in text]
-        return list(dict.fromkeys(reported + raised))
+        return list(dict.fromkeys(root + others + raised))
 
 
 # "--" ends torchrun's own options: without it, torchrun's parser takes a module's flag that begins like one
