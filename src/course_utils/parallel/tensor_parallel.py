@@ -16,9 +16,8 @@ reads its own share of the global batch; the ranks within a row read the same im
 
 from __future__ import annotations
 
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -29,25 +28,6 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-
-TENSOR_PARALLEL_MODES = ("tp", "fsdp-tp")
-MESH_DIMS = ("data", "tensor")
-
-
-def degree(distributed: str, tp_size: int | None, world_size: int) -> int:
-    """How many ranks split each layer: all of them for ``tp``, ``tp_size`` (default 2) for ``fsdp-tp``,
-    none (1) in the other modes."""
-    if distributed == "tp":
-        return tp_size or world_size
-    if distributed == "fsdp-tp":
-        return tp_size or 2
-    return 1
-
-
-def mesh(tp_size: int, device_type: str) -> DeviceMesh:
-    """The process group's ranks as a ``data`` x ``tensor`` grid: rank r is row r // tp_size, column
-    r % tp_size."""
-    return init_device_mesh(device_type, (dist.get_world_size() // tp_size, tp_size), mesh_dim_names=MESH_DIMS)
 
 
 def block_plan() -> dict[str, ParallelStyle]:
