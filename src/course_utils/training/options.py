@@ -209,7 +209,6 @@ class TrainOptions:
                 for name, wrong in unsupported.items() if wrong]
 
 
-
 DDP_KNOBS = tuple(knob.name for knob in fields(DDPOptions))  # each is also a training option
 
 
