@@ -11,7 +11,8 @@ instead and the column-wise ones all-gather: the same volume of communication, 1
 
 ``fsdp-tp`` puts the ranks on a 2-D mesh, ``data`` x ``tensor``: the ranks of a row of ``tensor`` split
 each layer, the rows are FSDP's data-parallel shards of one another (torchtitan's layout). Each row
-reads its own share of the global batch; the ranks within a row read the same images.
+reads its own share of the global batch; the ranks within a row read the same images. The mesh and the
+number of ranks in a row come from the run's :class:`~course_utils.parallel.layout.Layout`.
 """
 
 from __future__ import annotations
