@@ -11,6 +11,7 @@ import pytest
 from course_utils import config
 from course_utils.lessons import data_parallel, model_parallel
 from course_utils.parallel import tensor_parallel
+from course_utils.parallel.layout import Layout
 from course_utils.training import models
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "11_tensor_and_pipeline_parallel.ipynb"
@@ -130,4 +131,4 @@ def test_the_comparison_takes_the_machines_ranks_and_the_sizes_model(gpus, runs)
         groups = ranks // 2 if mode == "fsdp-tp" else 1 if mode == "tp" else ranks
         assert plan.options["batch_size"] % groups == 0
         if mode in ("tp", "fsdp-tp"):  # and the layers split evenly over the tensor-parallel ranks
-            assert tensor_parallel.misfits(model, tensor_parallel.degree(mode, None, ranks)) == []
+            assert tensor_parallel.misfits(model, Layout(mode, None, ranks).tensor_parallel) == []

@@ -3,17 +3,16 @@ torchrun, trained to the same losses as one process at the same global batch (an
 sharded checkpoint resumed on another layout; the combinations that cannot work refused by name."""
 
 import pytest
-import torch
 
 from course_utils.observe import communication
 from course_utils.observe.metrics import read_records
 from course_utils.observe.profiling import TRACE_FILE
 from course_utils.parallel.launch import launch
+from course_utils.parallel.layout import Layout
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training import checkpoint, models
-from course_utils.training.options import TrainOptions, to_flags
-from course_utils.training.setup import check_parallel_options
+from course_utils.training.options import to_flags
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 GLOBAL_BATCH = 16
@@ -135,7 +134,6 @@ def test_the_data_parallel_modes_train_the_vision_transformer_like_one_process(m
     ("fsdp-tp", 1, 4, "--distributed fsdp-tp with --tp-size 1: a layer is split over 2 or more ranks"),
 ])
 def test_a_layout_the_ranks_cannot_form_is_refused_with_the_numbers_that_fit(distributed, tp_size, ranks, told):
-    options = TrainOptions.from_keywords(size="ci", model="vit_tiny", distributed=distributed, tp_size=tp_size)
     with pytest.raises(ValueError) as refused:
-        check_parallel_options(options, ranks, torch.device("cpu"))
+        Layout(distributed, tp_size, ranks)
     assert told in str(refused.value)

@@ -11,8 +11,7 @@ from course_utils.observe.metrics import load_run
 from course_utils.run_folder import RunFolder
 from course_utils.train import main, train
 from course_utils.training import checkpoint, models
-from course_utils.training.options import TrainOptions, build_parser
-from course_utils.training.setup import check_parallel_options
+from course_utils.training.options import TrainOptions, build_parser, check_parallel_options
 
 SUMMARY_KEYS = {"images_per_second", "first_epoch_seconds", "epoch_seconds", "final_train_loss", "test_top1",
                 "test_top5", "world_size", "device", "config", "steps", "first_iteration_seconds"}
@@ -179,4 +178,4 @@ def test_behind_lumis_web_proxy_tensorboard_names_the_app_instead_of_a_blank_fra
 def test_combinations_pytorch_cannot_train_are_refused_by_name(options, named):
     """Each fails deep inside PyTorch (the FSDP two on the CPU too, the DataParallel one on 2+ GPUs)."""
     with pytest.raises(ValueError, match=named):
-        check_parallel_options(TrainOptions(**options), world_size=2, device=torch.device("cpu"))
+        check_parallel_options(TrainOptions(**options), device=torch.device("cpu"))

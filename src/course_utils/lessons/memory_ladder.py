@@ -35,6 +35,7 @@ from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.memory import KINDS
 from course_utils.observe.noise import compare
 from course_utils.parallel.launch import launch
+from course_utils.parallel.layout import mode_of
 from course_utils.train import train
 
 MIB = 2**20
@@ -97,7 +98,7 @@ def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | P
             rows.append({"rung": rung.name, "distributed": rung.distributed,
                          "skipped": "it needs GPUs; the ranks here are CPU processes"})
             continue
-        if rung.distributed == "none":
+        if not mode_of(rung.distributed).one_process_per_device:
             with threads_of_a_rank(cpu_ranks(common)):  # like against like beside the CPU ranks
                 summary = train(**common, **rung.options, out=folder)
         else:
@@ -139,7 +140,7 @@ def rule_against_measurement(ladder: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, row in ladder.dropna(subset=["parameters"]).iterrows():
         measured = (row["parameters_mib"] + row["gradients_mib"] + row["optimizer_state_mib"]) * MIB
-        rule = (bytes_per_parameter("fp32, SGD with momentum", int(row["ranks"]), row["distributed"] == "fsdp")
+        rule = (bytes_per_parameter("fp32, SGD with momentum", int(row["ranks"]), mode_of(row["distributed"]).sharded)
                 * row["parameters"])
         rows.append({"rung": row["rung"], "measured_mib": measured / MIB, "rule_mib": rule / MIB,
                      "measured_over_rule": measured / rule})

@@ -29,8 +29,8 @@ from course_utils.observe.communication import collective_bytes
 from course_utils.observe.metrics import read_records
 from course_utils.observe.noise import ALIKE, MIN_SAMPLES, SLOWER, UNKNOWN, Measurement, compare
 from course_utils.observe.profiling import TRACE_FILE
-from course_utils.parallel import tensor_parallel
 from course_utils.parallel.launch import LaunchResult, launch
+from course_utils.parallel.layout import Layout
 from course_utils.run_folder import RunFolder
 from course_utils.training.options import to_flags
 from course_utils.training.vision_transformer import MLP, Block, ViTShape
@@ -170,7 +170,7 @@ def compare_modes(runs: dict[str, int], out: Path, **options: Any) -> pd.DataFra
     collectives moved per step, and the step's speed."""
     rows = []
     for mode, ranks in runs.items():
-        data_ranks = ranks // tensor_parallel.degree(mode, None, ranks)  # groups that read images of their own
+        data_ranks = Layout(mode, None, ranks).data_ranks  # groups that read images of their own
         per_rank = {**options, "batch_size": options["batch_size"] // data_ranks}
         folder = Path(out) / mode
         result = launch(ranks, "course_utils.train", *to_flags(distributed=mode, out=str(folder),

@@ -11,14 +11,14 @@ instead and the column-wise ones all-gather: the same volume of communication, 1
 
 ``fsdp-tp`` puts the ranks on a 2-D mesh, ``data`` x ``tensor``: the ranks of a row of ``tensor`` split
 each layer, the rows are FSDP's data-parallel shards of one another (torchtitan's layout). Each row
-reads its own share of the global batch; the ranks within a row read the same images.
+reads its own share of the global batch; the ranks within a row read the same images. The mesh and the
+number of ranks in a row come from the run's :class:`~course_utils.parallel.layout.Layout`.
 """
 
 from __future__ import annotations
 
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -29,25 +29,6 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-
-TENSOR_PARALLEL_MODES = ("tp", "fsdp-tp")
-MESH_DIMS = ("data", "tensor")
-
-
-def degree(distributed: str, tp_size: int | None, world_size: int) -> int:
-    """How many ranks split each layer: all of them for ``tp``, ``tp_size`` (default 2) for ``fsdp-tp``,
-    none (1) in the other modes."""
-    if distributed == "tp":
-        return tp_size or world_size
-    if distributed == "fsdp-tp":
-        return tp_size or 2
-    return 1
-
-
-def mesh(tp_size: int, device_type: str) -> DeviceMesh:
-    """The process group's ranks as a ``data`` x ``tensor`` grid: rank r is row r // tp_size, column
-    r % tp_size."""
-    return init_device_mesh(device_type, (dist.get_world_size() // tp_size, tp_size), mesh_dim_names=MESH_DIMS)
 
 
 def block_plan() -> dict[str, ParallelStyle]:

@@ -20,11 +20,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from course_utils.parallel.tensor_parallel import TENSOR_PARALLEL_MODES
-
-PARALLEL_MODES = ("none", "dp", "ddp", "fsdp", *TENSOR_PARALLEL_MODES)
-ONE_PROCESS_PER_DEVICE = ("ddp", "fsdp", *TENSOR_PARALLEL_MODES)  # the modes that run under torchrun or srun
-SHARDED_MODES = ("fsdp", *TENSOR_PARALLEL_MODES)  # each rank holds part of the model: sharded checkpoints
 DATAPARALLEL_PHASES = ("scatter", "replicate", "parallel_apply", "gather")  # each forward pass, in this order
 # Their backward halves, as PyTorch's autograd engine names them in a trace.
 DATAPARALLEL_BACKWARD = {"BroadcastBackward": "reduce_gradients", "GatherBackward": "scatter_gradients"}

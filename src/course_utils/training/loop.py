@@ -205,7 +205,7 @@ class Loop:
 
     def report(self, epoch: int, result: EpochResult, scores: dict[str, float]) -> None:
         """The epoch's record in the metrics, TensorBoard and one line for the person watching."""
-        setup, world = self.setup, self.setup.data_ranks
+        setup, world = self.setup, self.setup.layout.data_ranks
         ranks = gather({"rank": setup.where.rank, "steps": result.steps, "seconds": result.seconds})
         # An epoch the run left mid-way is reported as it stands; a run that continues it reports it again.
         record = {"kind": "epoch", "epoch": epoch + 1, "step": self.position.step, "steps": result.steps,

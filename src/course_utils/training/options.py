@@ -22,8 +22,8 @@ from course_utils import config
 from course_utils.data.datasets import DATA_SOURCES
 from course_utils.data.loaders import LOADERS
 from course_utils.observe.monitor import BACKEND_NAMES
-from course_utils.parallel.tensor_parallel import TENSOR_PARALLEL_MODES
-from course_utils.parallel.wrappers import PARALLEL_MODES
+from course_utils.parallel.layout import MODES, MODES_HELP, mode_of
+from course_utils.parallel.wrappers import DDPOptions
 from course_utils.training.detection_models import DETECTION_RECIPES, DETECTOR_NAMES
 from course_utils.training.models import MODEL_NAMES, VIT_NAMES
 
@@ -100,13 +100,7 @@ class TrainOptions:
     monitor_interval: float = option(0.5, "seconds between monitor samples", above=0)
     device: str = option("auto", "auto (first GPU, else CPU), cpu, cuda or cuda:N")
     progress: bool = option(True, "a progress bar (--no-progress for batch jobs)")
-    distributed: str = option("none", "none: one device; dp: nn.DataParallel over the visible GPUs in this "
-                              "process; ddp: DistributedDataParallel, one process per device (start it with "
-                              "torchrun or srun; alone it makes a group of one); fsdp: FSDP2, one process per "
-                              "device, each holding a shard of the model (2+ processes); tp: tensor parallel, "
-                              "each layer of a vision transformer split over all processes; fsdp-tp: FSDP over "
-                              "groups of --tp-size processes that split each layer (a 2-D mesh)",
-                              choices=PARALLEL_MODES)
+    distributed: str = option("none", MODES_HELP, choices=MODES)
     tp_size: int | None = option(None, "tensor parallel: processes that split each layer (default: all of them "
                                  "with tp, 2 with fsdp-tp)", metavar="N", at_least=2)
     activation_checkpointing: bool = option(False, "keep only each block's input for the backward pass and "
@@ -201,18 +195,57 @@ class TrainOptions:
             return [f"--data coco trains a detector: choose --model from {', '.join(DETECTOR_NAMES)}"]
         if not self.detection and self.model in DETECTOR_NAMES:
             return [f"--model {self.model} is a detector: train it on --data coco"]
-        if self.distributed in TENSOR_PARALLEL_MODES and self.model not in VIT_NAMES:
+        mode = mode_of(self.distributed)
+        if mode.splits_layers and self.model not in VIT_NAMES:
             return [f"--distributed {self.distributed} splits a vision transformer's attention and MLP layers; "
                     f"--model {self.model} has none: choose --model from {', '.join(VIT_NAMES)}, or use "
                     "--distributed ddp or fsdp"]
         if not self.detection:
             return []
         unsupported = {"loader": self.loader != "torch", "channels_last": self.channels_last,
-                       "distributed": self.distributed not in ("none", "ddp")}
+                       "distributed": mode.sharded or mode.all_gpus_in_one_process}
         return [f"--{name.replace('_', '-')} {getattr(self, name)} is not supported with --data coco "
                 f"(detection uses the torch loader, NCHW images, and one device or DDP)"
                 for name, wrong in unsupported.items() if wrong]
 
+
+DDP_KNOBS = tuple(knob.name for knob in fields(DDPOptions))  # each is also a training option
+
+
+def check_parallel_options(cfg: TrainOptions, device: torch.device) -> None:
+    """Refuse options that do not fit the way the model is distributed, naming the fix. (Whether the ranks at
+    hand can form the layout is :class:`~course_utils.parallel.layout.Layout`'s own check.)"""
+    mode = mode_of(cfg.distributed)
+    changed = [_flag(name) for name in DDP_KNOBS
+               if getattr(cfg, name) != TrainOptions.__dataclass_fields__[name].default]
+    if changed and not mode.ddp:
+        raise ValueError(f"{', '.join(changed)} tune DistributedDataParallel; --distributed is {cfg.distributed}"
+                         f"{' (FSDP communicates block by block)' if mode.fsdp_over_all_ranks else ''}: "
+                         "drop them or use --distributed ddp")
+    if mode.splits_layers and (cfg.activation_checkpointing or cfg.compile):
+        raise ValueError(f"--distributed {cfg.distributed} is tested without --activation-checkpointing and "
+                         "--compile in this course; drop them, or use --distributed fsdp")
+    if cfg.offload and not mode.fsdp_over_all_ranks:
+        raise ValueError("--offload keeps FSDP's shards and optimizer state in host memory: use it with "
+                         "--distributed fsdp")
+    if cfg.offload and device.type != "cuda":
+        raise ValueError("--offload moves FSDP's shards from GPU memory to host memory: it needs GPUs (on the CPU "
+                         "everything is in host memory already); leave it off")
+    if cfg.offload and cfg.compile:
+        raise ValueError("--offload with --compile: torch.compile cannot trace FSDP's copies between host and GPU; "
+                         "drop one of them")
+    if mode.fsdp and cfg.channels_last:
+        raise ValueError("--channels-last with --distributed fsdp: FSDP keeps each parameter as one contiguous "
+                         "tensor to shard it, and channels_last stores convolution weights in another order; drop "
+                         "--channels-last, or use --distributed ddp")
+    if mode.sharded and cfg.fused_optimizer:
+        raise ValueError(f"--fused-optimizer with --distributed {cfg.distributed}: PyTorch's fused SGD kernel does "
+                         "not take sharded parameters (DTensors); drop --fused-optimizer")
+    if mode.all_gpus_in_one_process and cfg.activation_checkpointing:
+        raise ValueError("--activation-checkpointing with --distributed dp: DataParallel copies every block to "
+                         "each GPU, and the copies would recompute with GPU 0's weights; use --distributed ddp")
+    if cfg.sync_bn and device.type != "cuda":
+        raise ValueError("--sync-bn needs GPUs: SyncBatchNorm runs on CUDA/ROCm devices only; leave it off on CPU")
 
 
 @functools.cache

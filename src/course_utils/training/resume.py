@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from course_utils.parallel import tensor_parallel
 from course_utils.parallel.collectives import any_rank, gather, mean_over_ranks
+from course_utils.parallel.layout import Layout, mode_of
 from course_utils.parallel.sharding import local_tensor
-from course_utils.parallel.wrappers import SHARDED_MODES
 from course_utils.run_folder import LAST_CHECKPOINT, RunFolder
 from course_utils.training import checkpoint, sharded_checkpoint
 from course_utils.training.setup import Setup
@@ -138,12 +137,12 @@ def find(resume: str, checkpoint_dir: Path, passed_over: dict[Path, str] | None 
 
 def _global_batch(config: dict[str, Any], world_size: int) -> int:
     """Images per optimizer step over all ranks; the ranks of a tensor-parallel group read the same ones."""
-    tp = tensor_parallel.degree(config["distributed"], config.get("tp_size"), world_size)
-    return config["batch_size"] * config["grad_accum"] * world_size // tp
+    layout = Layout(config["distributed"], config.get("tp_size"), world_size)
+    return config["batch_size"] * config["grad_accum"] * layout.data_ranks
 
 
 def _global_batch_text(config: dict[str, Any], world_size: int) -> str:
-    tp = tensor_parallel.degree(config["distributed"], config.get("tp_size"), world_size)
+    tp = Layout(config["distributed"], config.get("tp_size"), world_size).tensor_parallel
     groups = f"{world_size} rank(s) in groups of {tp}" if tp > 1 else f"{world_size} rank(s)"
     return (f"{groups} x {config['batch_size']} images x {config['grad_accum']} micro-batch(es) = "
             f"{_global_batch(config, world_size)}")
@@ -164,7 +163,7 @@ def check_same_training(saved: dict[str, Any], current: dict[str, Any], world_si
 
 def check_same_layout(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
     """Refuse a whole-model checkpoint in a sharded run (FSDP, tensor parallel), and a sharded one in any other."""
-    sharded, wanted = Path(path).is_dir(), current["distributed"] in SHARDED_MODES
+    sharded, wanted = Path(path).is_dir(), mode_of(current["distributed"]).sharded
     if sharded == wanted:
         return
     kinds = {True: "a folder of shards", False: "one file with the whole model"}
@@ -278,7 +277,7 @@ class RunState:
                  "epoch": position.epoch, "epoch_step": position.epoch_step, "step": position.step,
                  "epoch_loss_sum": position.epoch_loss_sum.item(), "world_size": setup.where.world_size,
                  "config": asdict(setup.cfg), "ranks": ranks}
-        if setup.cfg.distributed in SHARDED_MODES:  # every rank writes its shards
+        if setup.layout.sharded:  # every rank writes its shards
             sharded_checkpoint.save_keeping(setup.model, setup.optimizer, extra, self.folder.checkpoints,
                                             position.step, keep, setup.where.is_main)
         elif setup.where.is_main:

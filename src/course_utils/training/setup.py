@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import random
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +21,11 @@ from course_utils.data.datasets import DataSpec, class_count
 from course_utils.data.loaders import Loaders, make_loaders
 from course_utils.parallel import process_group, sharding, tensor_parallel
 from course_utils.parallel.collectives import from_rank_zero
-from course_utils.parallel.wrappers import ONE_PROCESS_PER_DEVICE, SHARDED_MODES, DDPOptions, wrap
+from course_utils.parallel.layout import Layout, mode_of
+from course_utils.parallel.wrappers import DDPOptions, wrap
 from course_utils.training import models
 from course_utils.training.activation_checkpointing import checkpoint_blocks
-from course_utils.training.options import AMP_DTYPES, TrainOptions
+from course_utils.training.options import AMP_DTYPES, DDP_KNOBS, TrainOptions, check_parallel_options
 from course_utils.training.preemption import Preempted
 
 
@@ -48,102 +49,13 @@ def _pick_device(name: str) -> torch.device:
 def _join_process_group(cfg: TrainOptions) -> process_group.Placement:
     """Join the process group for DDP and FSDP; refuse a launch under torchrun/srun that would train N
     copies alone."""
-    if cfg.distributed in ONE_PROCESS_PER_DEVICE:  # ranks on the CPU talk through gloo, also on a GPU machine
+    if mode_of(cfg.distributed).one_process_per_device:  # ranks on the CPU talk through gloo, also on a GPU machine
         return process_group.join(cfg.dist_timeout, backend="gloo" if cfg.device == "cpu" else None, alone=True)
     where = process_group.placement()
     if where.distributed:
         raise ValueError(f"this process is rank {where.rank} of {where.world_size} ({where.source}), but "
                          f"--distributed is {cfg.distributed}: every rank would train alone; add --distributed ddp")
     return where
-
-
-DDP_KNOBS = tuple(knob.name for knob in fields(DDPOptions))  # each is also a training option
-
-
-def check_parallel_options(cfg: TrainOptions, world_size: int, device: torch.device) -> None:
-    """Refuse options that do not fit the way the model is distributed, naming the fix."""
-    changed = [f"--{name.replace('_', '-')}" for name in DDP_KNOBS
-               if getattr(cfg, name) != TrainOptions.__dataclass_fields__[name].default]
-    if changed and cfg.distributed != "ddp":
-        raise ValueError(f"{', '.join(changed)} tune DistributedDataParallel; --distributed is {cfg.distributed}"
-                         f"{' (FSDP communicates block by block)' if cfg.distributed == 'fsdp' else ''}: "
-                         "drop them or use --distributed ddp")
-    if cfg.distributed == "fsdp" and world_size < 2:
-        raise ValueError("--distributed fsdp shards the model over 2 or more ranks and this process is alone: start "
-                         "it with torchrun --nproc-per-node 2 (or srun with 2+ tasks), or use --distributed none")
-    _check_tensor_parallel(cfg, world_size)
-    if cfg.offload and cfg.distributed != "fsdp":
-        raise ValueError("--offload keeps FSDP's shards and optimizer state in host memory: use it with "
-                         "--distributed fsdp")
-    if cfg.offload and device.type != "cuda":
-        raise ValueError("--offload moves FSDP's shards from GPU memory to host memory: it needs GPUs (on the CPU "
-                         "everything is in host memory already); leave it off")
-    if cfg.offload and cfg.compile:
-        raise ValueError("--offload with --compile: torch.compile cannot trace FSDP's copies between host and GPU; "
-                         "drop one of them")
-    if cfg.distributed in ("fsdp", "fsdp-tp") and cfg.channels_last:
-        raise ValueError("--channels-last with --distributed fsdp: FSDP keeps each parameter as one contiguous "
-                         "tensor to shard it, and channels_last stores convolution weights in another order; drop "
-                         "--channels-last, or use --distributed ddp")
-    if cfg.distributed in SHARDED_MODES and cfg.fused_optimizer:
-        raise ValueError(f"--fused-optimizer with --distributed {cfg.distributed}: PyTorch's fused SGD kernel does "
-                         "not take sharded parameters (DTensors); drop --fused-optimizer")
-    if cfg.distributed == "dp" and cfg.activation_checkpointing:
-        raise ValueError("--activation-checkpointing with --distributed dp: DataParallel copies every block to "
-                         "each GPU, and the copies would recompute with GPU 0's weights; use --distributed ddp")
-    if cfg.sync_bn and device.type != "cuda":
-        raise ValueError("--sync-bn needs GPUs: SyncBatchNorm runs on CUDA/ROCm devices only; leave it off on CPU")
-
-
-def _check_tensor_parallel(cfg: TrainOptions, world_size: int) -> None:
-    """Refuse a tensor-parallel layout the ranks at hand cannot form."""
-    if cfg.tp_size is not None and cfg.distributed not in tensor_parallel.TENSOR_PARALLEL_MODES:
-        raise ValueError(f"--tp-size splits each layer over ranks; --distributed is {cfg.distributed}: drop "
-                         "--tp-size, or use --distributed tp or fsdp-tp")
-    if cfg.distributed not in tensor_parallel.TENSOR_PARALLEL_MODES:
-        return
-    if cfg.distributed == "tp":
-        _check_tp(cfg.tp_size, world_size)
-    else:
-        _check_fsdp_tp(tensor_parallel.degree(cfg.distributed, cfg.tp_size, world_size), world_size)
-    if cfg.activation_checkpointing or cfg.compile:
-        raise ValueError(f"--distributed {cfg.distributed} is tested without --activation-checkpointing and "
-                         "--compile in this course; drop them, or use --distributed fsdp")
-
-
-def _start(ranks: int) -> str:
-    return f"start {ranks} ranks (torchrun --nproc-per-node {ranks}, or srun with {ranks} tasks)"
-
-
-def _check_tp(tp_size: int | None, world_size: int) -> None:
-    """``--distributed tp`` splits each layer over every rank: 2 or more, and no other --tp-size."""
-    if world_size < 2:
-        raise ValueError(f"--distributed tp with 1 rank: it splits each layer over 2 or more ranks; {_start(2)}, or "
-                         "use --distributed none")
-    if tp_size in (None, world_size):
-        return
-    # tp has no data dimension: smaller groups would each train a model of their own, never averaged
-    fixes = ["drop --tp-size"]
-    if tp_size >= 2:
-        fixes.append(_start(tp_size))
-        if world_size % tp_size == 0:
-            fixes.append(f"use --distributed fsdp-tp --tp-size {tp_size} (FSDP over the groups)")
-    raise ValueError(f"--distributed tp splits each layer over all {world_size} ranks, not --tp-size {tp_size}: "
-                     f"{', or '.join(fixes)}")
-
-
-def _check_fsdp_tp(tp: int, world_size: int) -> None:
-    """``--distributed fsdp-tp`` needs groups of 2 or more ranks (--tp-size), and 2 or more such groups."""
-    if tp < 2:
-        raise ValueError(f"--distributed fsdp-tp with --tp-size {tp}: a layer is split over 2 or more ranks; use "
-                         "--tp-size 2 or more, or --distributed fsdp")
-    if world_size % tp == 0 and world_size // tp >= 2:
-        return
-    fitting = [size for size in range(2, world_size // 2 + 1) if world_size % size == 0]
-    other = f", or --tp-size {fitting[-1]} for these {world_size} ranks" if fitting else ""
-    raise ValueError(f"--distributed fsdp-tp with {world_size} rank(s) and --tp-size {tp}: it needs 2 or more groups "
-                     f"of {tp} ranks ({2 * tp}, {3 * tp}, ... ranks); {_start(2 * tp)}{other}, or use "
-                     "--distributed none")
 
 
 def seed_everything(seed: int) -> None:
@@ -172,7 +84,7 @@ class Setup:
     criterion: nn.Module
     scaler: torch.amp.GradScaler
     autocast_dtype: torch.dtype | None  # None: no autocast, full fp32
-    tensor_parallel: int = 1  # ranks that split each layer and read the same images (1: none)
+    layout: Layout  # how the ranks are spread: data-parallel ranks, tensor-parallel degree, sharded or not
 
     def __enter__(self) -> Setup:
         return self
@@ -199,11 +111,6 @@ class Setup:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     @property
-    def data_ranks(self) -> int:
-        """Ranks that each train on their own share of the batch (tensor-parallel ranks share theirs)."""
-        return self.where.world_size // self.tensor_parallel
-
-    @property
     def images_per_step(self) -> int:
         """Images one optimizer step of this process consumes."""
         return self.cfg.batch_size * self.cfg.grad_accum
@@ -222,8 +129,8 @@ def prepare(options: TrainOptions) -> Setup:
         raise
 
 
-def _loaders(cfg: TrainOptions, where: process_group.Placement, device: torch.device, tp: int) -> Loaders:
-    """The run's data; the ``tp`` ranks of a tensor-parallel group read the same share of it."""
+def _loaders(cfg: TrainOptions, where: process_group.Placement, device: torch.device, layout: Layout) -> Loaders:
+    """The run's data; the ranks of a tensor-parallel group read the same share of it."""
     size = config.get_size(cfg.size)
     spec = DataSpec(source=cfg.data, root=Path(cfg.data_dir) if cfg.data_dir else None,
                     image_size=cfg.image_size, augment=cfg.augment, train_samples=cfg.train_samples,
@@ -232,26 +139,27 @@ def _loaders(cfg: TrainOptions, where: process_group.Placement, device: torch.de
     pin_memory = device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory
     return make_loaders(cfg.loader, spec, cfg.batch_size, device, workers=cfg.workers, pin_memory=pin_memory,
                         persistent_workers=cfg.persistent_workers, prefetch_factor=cfg.prefetch_factor,
-                        delay_seconds=cfg.input_delay_ms / 1000, shard_id=where.rank // tp,
-                        num_shards=where.world_size // tp)
+                        delay_seconds=cfg.input_delay_ms / 1000, shard_id=where.rank // layout.tensor_parallel,
+                        num_shards=layout.data_ranks)
 
 
 def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
     device = _pick_device(cfg.device)
-    check_parallel_options(cfg, where.world_size, device)
+    check_parallel_options(cfg, device)
+    layout = Layout(cfg.distributed, cfg.tp_size, where.world_size)
     # The same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's weights).
     seed_everything(cfg.seed)
     if device.type == "cuda":
         # Let cuDNN (MIOpen on ROCm) search for the fastest kernels, costly in the first iterations; not for a
         # detector, whose every new image size would be searched again.
         torch.backends.cudnn.benchmark = not cfg.detection
-    tp = tensor_parallel.degree(cfg.distributed, cfg.tp_size, where.world_size)
+    tp = layout.tensor_parallel
     if tp > 1:  # refused before any data is read: the sizes alone say it (a model on "meta" holds no numbers)
         with torch.device("meta"):
             wrong = tensor_parallel.misfits(models.build(cfg.model, image_size=cfg.image_size), tp)
         if wrong:
             raise ValueError("; ".join(wrong))
-    loaders = _loaders(cfg, where, device, tp)
+    loaders = _loaders(cfg, where, device, layout)
     # A detector's head: the categories of both splits, which its data sets share (COCO numbers them with gaps).
     classes = (coco.ground_truth(loaders.test).categories.num_classes if cfg.detection
                else class_count(cfg.data, cfg.data_dir))
@@ -259,26 +167,26 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     recomputed = checkpoint_blocks(models.blocks(model)) if cfg.activation_checkpointing else []
-    wrapped = _distribute(model, cfg, device, tp)
+    wrapped = _distribute(model, cfg, device, layout)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay, fused=cfg.fused_optimizer or None)
     step_model = torch.compile(wrapped, mode=cfg.compile) if cfg.compile else wrapped
     # fp16 has a narrow range: small gradients underflow to zero unless the loss is scaled up first.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
     return Setup(cfg, where, device, loaders, model, wrapped, step_model, recomputed, optimizer,
-                 nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp], tp)
+                 nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp], layout)
 
 
-def _distribute(model: nn.Module, cfg: TrainOptions, device: torch.device, tp: int) -> nn.Module:
+def _distribute(model: nn.Module, cfg: TrainOptions, device: torch.device, layout: Layout) -> nn.Module:
     """The model as ``--distributed`` lays it out: split in place by tensor parallelism and sharded by FSDP
     (over the whole group, or over the data dimension of a 2-D mesh), or wrapped (or not)."""
-    if cfg.distributed in tensor_parallel.TENSOR_PARALLEL_MODES:
-        grid = tensor_parallel.mesh(tp, device.type)
+    if layout.mode.splits_layers:
+        grid = layout.mesh(device.type)
         tensor_parallel.parallelize(model, models.blocks(model), grid["tensor"])
-        if cfg.distributed == "tp":
+        if not layout.mode.fsdp:
             return model
         return sharding.shard(model, models.blocks(model), AMP_DTYPES[cfg.amp], cfg.offload, device,
                               mesh=grid["data"])
-    if cfg.distributed == "fsdp":
+    if layout.mode.fsdp:
         return sharding.shard(model, models.blocks(model), AMP_DTYPES[cfg.amp], cfg.offload, device)
     return wrap(model, cfg.distributed, device, DDPOptions(**{knob: getattr(cfg, knob) for knob in DDP_KNOBS}))

@@ -115,8 +115,8 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
     watched = node_monitors[0]  # rank 0's node, every device it saw
     last = epoch_records[-1]
     # Every rank trains its own images at the same time, but the ranks of a tensor-parallel group the same ones.
-    rate = sum(r["images_per_second"] for r in ranks) / setup.tensor_parallel
-    dp_devices = (len(setup.wrapped.device_ids) or 1) if cfg.distributed == "dp" else None
+    rate = sum(r["images_per_second"] for r in ranks) / setup.layout.tensor_parallel
+    dp_devices = (len(setup.wrapped.device_ids) or 1) if setup.layout.mode.all_gpus_in_one_process else None
     work = None if cfg.detection else flops.training_flops_per_image(  # detectors take lists of images
         lambda: models.build(cfg.model, num_classes=class_count(cfg.data, cfg.data_dir), image_size=cfg.image_size),
         cfg.image_size)
@@ -140,8 +140,8 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         "world_size": world,
         "distributed": cfg.distributed,
         "data_parallel_devices": dp_devices,
-        "global_batch_size": setup.images_per_step * setup.data_ranks,
-        "tensor_parallel_size": setup.tensor_parallel,
+        "global_batch_size": setup.images_per_step * setup.layout.data_ranks,
+        "tensor_parallel_size": setup.layout.tensor_parallel,
         "per_rank": list(ranks),
         "device": devices.device_name(device),
         "device_type": device.type,
@@ -152,7 +152,7 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
                                   strict_fp32=strict),
         "peak_tflops": peak[0] if peak else None,
         "peak_source": peak[1] if peak else None,
-        "train_samples": plan.steps_per_epoch * setup.images_per_step * setup.data_ranks,
+        "train_samples": plan.steps_per_epoch * setup.images_per_step * setup.layout.data_ranks,
         "torch_version": torch.__version__,
         "out": cfg.out,
         "trace": cfg.trace,
