@@ -1,5 +1,6 @@
 import json
 import os
+import random
 import shutil
 import threading
 import time
@@ -262,20 +263,21 @@ def test_each_nodes_utilization_is_that_of_the_devices_this_run_used_there():
 
 
 class _GreedyBackend(Backend):
-    """A monitor that takes the processor: each reading spins for 0.2 s in Python, holding the interpreter."""
+    """A monitor that takes the interpreter: each reading sorts a shuffled list in C, which holds the GIL for its
+    whole length (a spin in Python would hand the GIL back every 5 ms), so the training step waits for it however
+    busy the machine is."""
 
     name = "greedy"
+    unsorted = random.Random(0).sample(range(100_000), 100_000)
 
     def read(self) -> list:
-        end = time.perf_counter() + 0.2
-        while time.perf_counter() < end:
-            pass
+        sorted(self.unsorted)
         return []
 
 
 def test_the_monitor_cost_study_sees_a_monitor_that_takes_the_processor():
-    """Plain / monitored / plain blocks: a monitor that spins between its samples slows the monitored blocks by far
-    more than the two plain blocks around them differ, and the study says so."""
+    """Plain / monitored / plain blocks: a monitor that holds the interpreter between its samples slows the monitored
+    blocks by far more than the two plain blocks around them differ, and the study says so."""
     def greedy(device):
         monitor = Monitor("cpu", 0.001, device)
         monitor.backend = _GreedyBackend()
