@@ -17,6 +17,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from course_utils import devices
 
 DEFAULT_PORT = 29500
+_store: dist.Store | None = None  # the rendezvous store of this process's group, kept past the group's end
 
 
 @dataclass(frozen=True)
@@ -107,22 +109,37 @@ def join(timeout_seconds: float = 600, backend: str | None = None, alone: bool =
     backend = backend or devices.distributed_backend()
     if backend == "nccl":  # NCCL/RCCL: one GPU per rank; two ranks on one GPU are refused ("Duplicate GPU")
         torch.cuda.set_device(where.local_rank % torch.cuda.device_count())
+    global _store
     timeout = timedelta(seconds=timeout_seconds)
     if where.source == "torchrun":
-        # The store of torchrun's agent outlives a restart (--max-restarts): without a prefix of its
-        # own, a restarted rank can read the address a dead rank of the previous attempt left there.
-        store, _, _ = next(dist.rendezvous("env://", where.rank, where.world_size, timeout=timeout))
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"course/attempt-{attempt}", store),
-                                rank=where.rank, world_size=where.world_size, timeout=timeout)
-        return where
-    if where.source == "slurm":
-        init_method = f"tcp://{where.master_addr}:{where.master_port}"  # rank 0 opens the store
+        address = "env://"
+    elif where.source == "slurm":
+        address = f"tcp://{where.master_addr}:{where.master_port}"  # rank 0 opens the store
     else:
-        init_method = f"tcp://127.0.0.1:{free_port()}"
-    dist.init_process_group(backend, init_method=init_method, rank=where.rank, world_size=where.world_size,
-                            timeout=timeout)
+        address = f"tcp://127.0.0.1:{free_port()}"
+    store, _, _ = next(dist.rendezvous(address, where.rank, where.world_size, timeout=timeout))
+    # The store of torchrun's agent outlives a restart (--max-restarts): without a prefix of its own, a
+    # restarted rank can read the address a dead rank of the previous attempt left there.
+    _store = dist.PrefixStore(f"course/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    dist.init_process_group(backend, store=_store, rank=where.rank, world_size=where.world_size, timeout=timeout)
     return where
+
+
+def stop_with_the_others(timeout_seconds: float = 10.0) -> None:
+    """After an error this rank has reported: wait, at most ``timeout_seconds``, until every rank has stopped
+    too. torchrun ends all ranks the moment one exits with an error, so without the wait a rank that met the
+    same error a moment later (a folder in use, a full disk during a collective save) is killed before it says
+    so. A rank that failed alone waits the whole time and then leaves; the store outlives the process group.
+    """
+    if _store is None or placement().world_size < 2:
+        return
+    deadline = time.monotonic() + timeout_seconds
+    try:
+        _store.add("stopped", 1)
+        while _store.add("stopped", 0) < placement().world_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except (RuntimeError, OSError):  # rank 0, whose process held the store, has left already
+        return
 
 
 def leave(together: bool = False) -> None:
