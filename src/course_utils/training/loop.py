@@ -45,10 +45,10 @@ class Loop:
 
     def __enter__(self) -> Loop:
         with contextlib.ExitStack() as exits:  # what was entered is closed again if a later step fails
-            exits.enter_context(self.life.held())  # no other run writes here; no rank reads a checkpoint before
+            exits.enter_context(self.life.held())  # hold the folder: no second run writes in it meanwhile
             self.position = self.life.resume()  # from the checkpoint --resume names, or from the beginning
             self.observers = exits.enter_context(Observers(self.setup, self.plan, self.position.step))
-            self.life.prepare(self.position, self.observers.say)  # clear what an earlier run left
+            self.life.prepare(self.position, self.observers.say)  # clear what an earlier run left, say what resumed
             exits.enter_context(self.life.signals)  # from here a stop signal ends the run after a step
             resumed_at = self.position.step if self.state.resumed_from else None  # keep the records up to there
             self.log = exits.enter_context(RunLog(self.setup, self.plan, self.observers, resumed_at))
@@ -91,7 +91,7 @@ class Loop:
                 break
             loss = self._step(micro_batches)  # step: forward, backward, the optimizer's update
             self.scheduler.step()  # schedule: the learning rate of the next step
-            self.log.stepped(loss, micro_batches)  # timed without waiting for the device
+            self.log.stepped(loss, micro_batches)  # its time (on a GPU a CUDA event: no wait), loss and images
             position.advance(loss)
             log_point = position.step % self.cfg.log_every == 0 or self._epoch_done()
             if log_point:  # log: reading the loss waits for the device, so only every --log-every steps
@@ -100,9 +100,9 @@ class Loop:
                 break  # the epoch's end checkpoints in run(), before its evaluation
             stop = self.life.stop_requested(log_point)  # SIGTERM, SIGUSR1 or Ctrl-C; under DDP, on any rank
             if stop or (self.cfg.checkpoint_every and position.step % self.cfg.checkpoint_every == 0):
-                self.state.save(position, self.cfg.keep_checkpoints)  # checkpoint: every --checkpoint-every steps
+                self.state.save(position, self.cfg.keep_checkpoints)  # checkpoint: when due, and before a stop
             if stop:
-                self.life.preempt(position.step)  # stop: after the checkpoint, marked for the job to requeue
+                self.life.preempt(position.step)  # stop: leave a marker for the job to requeue on, and exit
         devices.synchronize(setup.device)  # the clock below must not stop before the device's queued work
         seconds = time.perf_counter() - start
         train_loss = mean_over_ranks(position.epoch_loss_sum / position.epoch_step).item()
