@@ -1,4 +1,5 @@
-"""Test loss and accuracy of the model, over every rank's share of the test set (notebooks 01-09)."""
+"""Test loss and accuracy of the model (a detector's box AP), over every rank's share of the test set (notebooks
+01-10)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from course_utils.data import coco
 from course_utils.parallel.collectives import max_over_ranks, sum_over_ranks
+from course_utils.parallel.sharding import is_sharded
+from course_utils.training.detection_eval import evaluate_detection
+from course_utils.training.setup import Setup
 
 
 def score_line(scores: dict) -> str:
@@ -45,3 +50,15 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device,
         sum_over_ranks(sums)
     loss, top1, top5, count = sums.tolist()
     return {"test_loss": loss / count, "test_top1": 100 * top1 / count, "test_top5": 100 * top5 / count}
+
+
+def evaluate_run(setup: Setup) -> dict[str, float]:
+    """The scores of the run's model on the whole test set: a detector's box AP by pycocotools' COCOeval over
+    every rank's detections, a classifier's test loss and accuracy."""
+    test = setup.loaders.test
+    with setup.autocast():
+        if setup.cfg.detection:
+            data = coco.ground_truth(test)
+            return evaluate_detection(setup.model, test, setup.device, data.coco, data.categories)
+        return evaluate(setup.model, test, setup.device, setup.loaders.test_on_device, setup.loaders.test_sharded,
+                        lockstep=is_sharded(setup.model))

@@ -103,6 +103,36 @@ def joules_per_image(monitor: dict[str, Any] | None, times: StepTimes) -> float 
     return watts * sum(times.seconds) / sum(times.images)
 
 
+def work_and_peak(setup: Setup, rate: float, devices_used: int) -> dict[str, Any]:
+    """The work of one training image, the devices' dense peak for this precision and the model FLOP
+    utilization (achieved FLOP/s over that peak); None where the peak or the work is not known."""
+    cfg, name = setup.cfg, devices.device_name(setup.device)
+    work = None if cfg.detection else flops.training_flops_per_image(  # detectors take lists of images
+        lambda: models.build(cfg.model, num_classes=class_count(cfg.data, cfg.data_dir), image_size=cfg.image_size),
+        cfg.image_size)
+    strict = not devices.tf32_convolutions()  # notebook 05's strict-fp32 stage is held to the fp32 peak
+    peak = flops.peak_tflops(name, cfg.amp, strict)
+    return {"training_flops_per_image": work,
+            "mfu": work and flops.mfu(rate, work, name, cfg.amp, devices=devices_used, strict_fp32=strict),
+            "peak_tflops": peak[0] if peak else None,
+            "peak_source": peak[1] if peak else None}
+
+
+def peak_memory(device: torch.device) -> dict[str, Any]:
+    """This process's peak of allocated memory and, on CUDA, every GPU's: DataParallel fills several GPUs from
+    one process, and GPU 0 holds more (outputs, gathered gradients)."""
+    return {"peak_memory_allocated_mib": devices.peak_memory_mib(device),
+            "peak_memory_per_gpu_mib": ([devices.peak_memory_mib(torch.device("cuda", i))
+                                         for i in range(torch.cuda.device_count())] if device.type == "cuda" else None)}
+
+
+def final_scores(last_epoch: dict[str, Any]) -> dict[str, Any]:
+    """The last epoch's training loss and test scores: a classifier's loss and accuracy, a detector's box AP."""
+    return {"final_train_loss": last_epoch["train_loss"],
+            **{name: last_epoch.get(name) for name in ("test_loss", "test_top1", "test_top5")},
+            **{name: last_epoch[name] for name in METRICS if name in last_epoch}}
+
+
 def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_records: list[dict[str, Any]],
                 monitor: Monitor | None, resumed_from: str | None, memory: StepMemory | None
                 ) -> dict[str, Any]:
@@ -113,15 +143,9 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
     sampled = monitor_summary(monitor) if monitor is not None else None  # each node's first process samples
     ranks, node_monitors = zip(*gather((rank_summary(setup, times, steps, skip, memory), sampled)))
     watched = node_monitors[0]  # rank 0's node, every device it saw
-    last = epoch_records[-1]
     # Every rank trains its own images at the same time, but the ranks of a tensor-parallel group the same ones.
     rate = sum(r["images_per_second"] for r in ranks) / setup.layout.tensor_parallel
     dp_devices = (len(setup.wrapped.device_ids) or 1) if setup.layout.mode.all_gpus_in_one_process else None
-    work = None if cfg.detection else flops.training_flops_per_image(  # detectors take lists of images
-        lambda: models.build(cfg.model, num_classes=class_count(cfg.data, cfg.data_dir), image_size=cfg.image_size),
-        cfg.image_size)
-    strict = not devices.tf32_convolutions()  # notebook 05's strict-fp32 stage is held to the fp32 peak
-    peak = flops.peak_tflops(devices.device_name(device), cfg.amp, strict)
     return {
         "images_per_second": rate,
         "warmup_steps": skip,
@@ -131,9 +155,7 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         "steady_iteration_seconds": steady_median(times.seconds, skip),
         "steps": steps,
         "steps_per_epoch": plan.steps_per_epoch,
-        "final_train_loss": last["train_loss"],
-        **{name: last.get(name) for name in ("test_loss", "test_top1", "test_top5")},
-        **{name: last[name] for name in METRICS if name in last},  # a detector's box AP
+        **final_scores(epoch_records[-1]),
         # Seconds per iteration as Detectron2 reports them: the median step, every rank's images together.
         "seconds_per_iteration": max((r["steady_iteration_seconds"] for r in ranks
                                       if r["steady_iteration_seconds"] is not None), default=None),
@@ -146,20 +168,12 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         "device": devices.device_name(device),
         "device_type": device.type,
         "parameters": models.count_parameters(setup.model),
-        "training_flops_per_image": work,
-        # Achieved FLOP/s over the devices' dense peak for this precision; None where the peak or the work is not known.
-        "mfu": work and flops.mfu(rate, work, devices.device_name(device), cfg.amp, devices=dp_devices or world,
-                                  strict_fp32=strict),
-        "peak_tflops": peak[0] if peak else None,
-        "peak_source": peak[1] if peak else None,
+        **work_and_peak(setup, rate, dp_devices or world),
         "train_samples": plan.steps_per_epoch * setup.images_per_step * setup.layout.data_ranks,
         "torch_version": torch.__version__,
         "out": cfg.out,
         "trace": cfg.trace,
-        "peak_memory_allocated_mib": devices.peak_memory_mib(device),
-        # DataParallel fills several GPUs from one process: GPU 0 holds more (outputs, gathered gradients).
-        "peak_memory_per_gpu_mib": ([devices.peak_memory_mib(torch.device("cuda", i))
-                                     for i in range(torch.cuda.device_count())] if device.type == "cuda" else None),
+        **peak_memory(device),
         "monitor": watched,
         "node_utilization": node_utilization(list(ranks), list(node_monitors)),
         "joules_per_image": joules_per_image(watched, times),
