@@ -1,0 +1,266 @@
+"""Why did the communication library fail? Notebook 12 (and the doctor beside a stuck job) names a known NCCL/RCCL
+failure and its fix from the ranks' own log, or says honestly that it does not know it, with what it read.
+
+Each known failure is a row of :data:`KNOWN_FAILURES`: the log lines that identify it (regular expressions), what
+it means, the fix (environment variables, module loads, container flags) and the public thread it comes from. A
+log often shows several: a missing network plugin, then sockets, then a hang. The cause is the finding that shows
+first in the log, unless another finding explains it (PyTorch's bundled RCCL is why the image's plugin was not
+found); the rest are reported as consequences. What the library chose (its network, plugin and connections) is
+read by :mod:`course_utils.parallel.transport`, not again here.
+
+    python -m course_utils.parallel.comm_failures LOGFILE   # one sentence: the failure and its fix
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from course_utils.parallel import transport
+
+RINGS = re.compile(r"NCCL INFO Connected all rings")
+TREES = re.compile(r"NCCL INFO Connected all trees")
+WATCHDOG_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\((?P<work>[^)]*)\)")
+BOGUS_OOM = re.compile(r"out of memory\. Tried to allocate more than 1EB memory")
+# RCCL's banner (``RCCL version : 2.21.5-HEAD:...`` or ``RCCL version 2.16.5+hip5.6``), NCCL's
+# (``NCCL version 2.10.3+cuda11.3``) and PyTorch's (``NCCL version: 2.20.5``)
+VERSION = re.compile(r"\b(?P<library>[NR]CCL) version\s*:?\s*(?P<version>\d+\.\d+\.\d+\S*)")
+RCCL = re.compile(r"RCCL version|Librccl path|aws-ofi-rccl| comm 0x[0-9a-f]+ nRanks \d+")
+INTERFACES = re.compile(r"NCCL INFO (?:Bootstrap|NET/Socket) : Using (?P<list>.+?)\s*$")
+INTERFACE = re.compile(r"(?:\[\d+\])?(?P<name>[A-Za-z][\w.-]*):")
+IFNAME = re.compile(r"NCCL_SOCKET_IFNAME set by environment to (?P<value>\S+)")
+ERROR = re.compile(r"(?P<text>\b\w*(?:Error|Exception)\b:.+?|Watchdog caught collective operation timeout.+?|"
+                   r"Last NCCL warning.+?)\s*$")
+# How far a communicator's set-up got, in the order NCCL and RCCL print it
+STAGES = (("Init START", "init started"), ("Connected all rings", "rings connected"),
+          ("Connected all trees", "trees connected"), ("Init COMPLETE", "init complete"),
+          ("Abort COMPLETE", "aborted"))
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """One failure seen in the field: the lines that identify it and what to do about it."""
+
+    name: str
+    title: str
+    signs: tuple[re.Pattern, ...]  # a line matching any of these marks it; the first such line is where it shows
+    meaning: str
+    fix: str
+    source: str
+    needs: tuple[re.Pattern, ...] = ()  # each must match some line of the log too
+    needs_any: tuple[re.Pattern, ...] = ()  # at least one must match some line (none given: no condition)
+    unless: tuple[re.Pattern, ...] = ()  # a line matching one of these rules it out
+    network: str | None = None  # the network the library must have used (transport's kind), where it matters
+    explains: tuple[str, ...] = ()  # other failures that follow from this one
+
+
+KNOWN_FAILURES = (
+    KnownFailure(
+        "bundled_rccl", "PyTorch loaded its own bundled RCCL, not the image's",
+        (re.compile(r"Librccl path : \S*/torch/lib/librccl\.so"),),
+        "the RCCL inside the PyTorch wheel (torch/lib/librccl.so) does not use the libfabric and aws-ofi-rccl "
+        "plugin the image was built with, so multi-node DDP and DeepSpeed scale badly",
+        'export LD_PRELOAD="/usr/lib/libfabric.so.1 /opt/rocm/lib/librccl.so.1" into the container '
+        "(SINGULARITYENV_LD_PRELOAD, or --env with singularity exec), or bind the image's RCCL over PyTorch's "
+        "(-B /opt/rocm/lib/librccl.so:<site-packages>/torch/lib/librccl.so)",
+        "lumi-ai-factory/laifs-container-recipes#18",
+        explains=("plugin_missing_sockets",)),
+    KnownFailure(
+        "plugin_missing_sockets", "the network plugin is missing: TCP sockets between nodes",
+        (re.compile(r"NET/Plugin ?: (?:No plugin found|Could not find|Plugin load .*returned)"),),
+        "NCCL/RCCL found no network plugin (librccl-net.so / libnccl-net.so, the aws-ofi plugin for Slingshot "
+        "or EFA) and no InfiniBand, so it sends between nodes over TCP sockets: far slower, and fragile at scale "
+        "(one node alone does not need it: its GPUs talk over P2P or SHM)",
+        "load the plugin: on LUMI run LUMI's PyTorch container with `module use /appl/local/laifs/modules; "
+        "module load lumi-aif-singularity-bindings` (or put aws-ofi-rccl's lib folder on LD_LIBRARY_PATH), "
+        "then check that the log says `NET/OFI Selected provider is cxi` and `Using network Libfabric`",
+        "ROCm/rccl#1026 (solved with aws-ofi-rccl)",
+        network="NET/Socket"),
+    KnownFailure(
+        "plugin_failed_sockets", "the network plugin started, failed, and NCCL fell back to TCP sockets",
+        (re.compile(r"NCCL WARN NET/OFI .*initiali[sz]ation failed"),),
+        "the aws-ofi plugin loaded but found no usable libfabric provider or NIC (the provider filter, a "
+        "libfabric too old for it, or devices the container cannot see), so NCCL sends between nodes over TCP",
+        "rerun with FI_LOG_LEVEL=warn to read libfabric's reason; let the container see the NICs and the "
+        "host's libfabric (on LUMI the lumi-aif-singularity-bindings module, FI_PROVIDER=cxi; on AWS the EFA "
+        "devices, FI_PROVIDER=efa)",
+        "aws/aws-ofi-nccl#715",
+        network="NET/Socket", explains=("plugin_missing_sockets",)),
+    KnownFailure(
+        "socket_ifname", "NCCL_SOCKET_IFNAME names no usable interface",
+        (re.compile(r"no (?:NCCL_SOCKET_IFNAME )?socket interface found"),
+         re.compile(r"ncclSocketInit: connecting to address\s+with family \d+ is neither AF_INET")),
+        "NCCL_SOCKET_IFNAME matched no interface of this node (a name another node has, a typo, or a pattern "
+        "that leaves no routable interface), so the bootstrap between ranks cannot open a socket",
+        "list the node's interfaces on a compute node (`ip -br addr`) and set NCCL_SOCKET_IFNAME to one that "
+        "exists on every node and carries its address (a prefix such as `eth` matches eth0, `^lo,docker` "
+        "excludes; on LUMI `hsn0,hsn1,hsn2,hsn3`), or unset it; set GLOO_SOCKET_IFNAME the same way",
+        "NVIDIA/nccl#1837, marin-community/marin#7018"),
+    KnownFailure(
+        "rings_never_trees", "the init connected its rings and never its trees",
+        (RINGS,),
+        "every rank got as far as 'Connected all rings' and none to 'Connected all trees': the set-up stopped "
+        "while connecting the trees (LUMI's ROCm 7 image with NCCL_NET_GDR_LEVEL set hangs here for good)",
+        "on LUMI's ROCm 7 image unset NCCL_NET_GDR_LEVEL (laifs-container-recipes #30) or go back to the "
+        "ROCm 6.4 image; elsewhere read the first NCCL WARN after the rings",
+        "lumi-ai-factory/laifs-container-recipes#28",
+        needs_any=(re.compile(r"NCCL_NET_GDR_LEVEL set by environment"), RCCL),
+        unless=(TREES, re.compile(r"Init COMPLETE"))),
+    KnownFailure(
+        "timeout_reported_as_oom", "a collective timed out, and the job then reported a bogus out-of-memory",
+        (WATCHDOG_TIMEOUT, BOGUS_OOM),
+        "no GPU has an exabyte: 'more than 1EB' is a size read from a broken exchange between ranks (an object "
+        "collective after a timeout or a desync), not a real lack of memory; the timeout is the failure",
+        "ignore the out-of-memory error and find why the collective timed out: where each rank stands "
+        "(py-spy dump, Flight Recorder with TORCH_NCCL_TRACE_BUFFER_SIZE), mismatched collectives "
+        "(TORCH_DISTRIBUTED_DEBUG=DETAIL), and NCCL_DEBUG=WARN for the library's own message",
+        "NVIDIA/nccl#1284",
+        needs=(BOGUS_OOM,)),
+    KnownFailure(
+        "out_of_memory", "a rank ran out of GPU memory; the others then timed out waiting for it",
+        (re.compile(r"(?:CUDA|HIP) out of memory\. Tried to allocate \d"),),
+        "one rank could not allocate its tensors and died; the collectives of the other ranks wait for it "
+        "until the process group's timeout, so their timeouts are a consequence",
+        "fit the step in memory: a smaller batch per rank, activation checkpointing or sharding (notebook 09's "
+        "ladder); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where reserved but unallocated memory is large",
+        "modelscope/FunASR#2006"),
+    KnownFailure(
+        "collective_timeout", "a collective did not finish within the process group's timeout",
+        (WATCHDOG_TIMEOUT,),
+        "a collective waited longer than the process group's timeout: a rank never reached it, the ranks called "
+        "different collectives, or the network stalled",
+        "find where each rank stands (py-spy dump of every rank, Flight Recorder with "
+        "TORCH_NCCL_TRACE_BUFFER_SIZE) and catch mismatches with TORCH_DISTRIBUTED_DEBUG=DETAIL; the first rank "
+        "that failed on its own is the one to read",
+        "vllm-project/vllm#6042"),
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A known failure found in a log, and the line that showed it first."""
+
+    failure: KnownFailure
+    line_number: int  # 1-based
+    line: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A log's known failures (the cause first) and what was read from it."""
+
+    findings: list[Finding]  # the cause first, then what follows from it
+    versions: list[str]
+    transport: transport.Transport
+    interfaces: list[str]
+    socket_ifname: str | None
+    stage: str | None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def cause(self) -> KnownFailure | None:
+        return self.findings[0].failure if self.findings else None
+
+    def what_was_read(self) -> str:
+        """What the log told: versions, network and plugin, interfaces, how far the set-up got, the errors."""
+        used = self.transport.used_network()
+        plugin = self.transport.plugin or (f"provider {self.transport.provider}" if self.transport.provider else None)
+        parts = [
+            f"library {', '.join(self.versions)}" if self.versions else "no NCCL/RCCL version line",
+            f"network {used.removeprefix('NET/')}" if used else "no network named",
+            f"plugin {plugin}" if plugin else "",
+            f"NCCL_SOCKET_IFNAME={self.socket_ifname}" if self.socket_ifname else "",
+            f"interfaces {', '.join(self.interfaces)}" if self.interfaces else "",
+            f"set-up reached: {self.stage}" if self.stage else "no set-up stage",
+            (f"{len(self.errors)} error line(s), the first: {self.errors[0][:160]}" if self.errors
+             else "no error line"),
+        ]
+        return "; ".join(part for part in parts if part)
+
+    def sentence(self) -> str:
+        """The known failure and its fix, or 'not recognised' with what was read."""
+        if not self.findings:
+            return f"communication log: not recognised (none of the known failures); read: {self.what_was_read()}"
+        first = self.findings[0]
+        also = [finding.failure.title for finding in self.findings[1:]]
+        then = f" Also seen after it: {'; '.join(also)}." if also else ""
+        return (f"communication log: {first.failure.title} (line {first.line_number}; known from "
+                f"{first.failure.source}). It means {first.failure.meaning}. Fix: {first.failure.fix}.{then}")
+
+
+def _first_sign(failure: KnownFailure, lines: list[str], found: transport.Transport) -> int | None:
+    """The index of the first line that marks ``failure``, where its conditions hold over the whole log."""
+    text = "\n".join(lines)
+    if any(pattern.search(text) for pattern in failure.unless):
+        return None
+    if not all(pattern.search(text) for pattern in failure.needs):
+        return None
+    if failure.needs_any and not any(pattern.search(text) for pattern in failure.needs_any):
+        return None
+    if failure.network and (found.used_network() != failure.network or _one_node(found)):
+        return None
+    return next((index for index, line in enumerate(lines) if any(sign.search(line) for sign in failure.signs)),
+                None)
+
+
+def _one_node(found: transport.Transport) -> bool:
+    """Whether the log's connections are all inside a node (then the network between nodes does not matter)."""
+    kinds = found.connections["kind"]
+    return not kinds.empty and not kinds.str.startswith("NET/").any()
+
+
+def _ordered(findings: list[Finding]) -> list[Finding]:
+    """The cause first: the earliest finding that no other present finding explains; then the rest in order."""
+    present = {finding.failure.name for finding in findings}
+    explained = {name for finding in findings for name in finding.failure.explains if name in present}
+    findings = sorted(findings, key=lambda finding: finding.line_number)
+    causes = [finding for finding in findings if finding.failure.name not in explained]
+    return causes[:1] + [finding for finding in findings if finding not in causes[:1]]
+
+
+def _stage(lines: list[str]) -> str | None:
+    reached = [index for index, (marker, _) in enumerate(STAGES) if any(marker in line for line in lines)]
+    return STAGES[max(reached)][1] if reached else None
+
+
+def diagnose(log: str | Iterable[str]) -> Diagnosis:
+    """Name the known failure in a run's log (all ranks' output together, ``NCCL_DEBUG=INFO`` or ``WARN``)."""
+    lines = log.splitlines() if isinstance(log, str) else [line.rstrip("\n") for line in log]
+    found = transport.read(lines)
+    findings = [Finding(failure, index + 1, lines[index]) for failure in KNOWN_FAILURES
+                if (index := _first_sign(failure, lines, found)) is not None]
+    # the same line can mark two rows (a watchdog timeout): the more specific row, earlier in the table, keeps it
+    kept, seen_lines = [], set()
+    for finding in findings:
+        if finding.line_number not in seen_lines:
+            kept.append(finding)
+            seen_lines.add(finding.line_number)
+    versions = list(dict.fromkeys(f"{match['library']} {match['version']}" for line in lines
+                                  if (match := VERSION.search(line))))
+    interfaces = list(dict.fromkeys(interface["name"] for line in lines if (match := INTERFACES.search(line))
+                                    for interface in INTERFACE.finditer(match["list"])))
+    ifname = next((match["value"] for line in lines if (match := IFNAME.search(line))), None)
+    errors = [f"NCCL WARN {warning}" for warning in found.warnings]
+    errors += [match["text"] for line in lines if (match := ERROR.search(line)) and "NCCL WARN" not in line]
+    return Diagnosis(_ordered(kept), versions, found, interfaces, ifname, _stage(lines), errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", type=Path, help="a run's output (NCCL_DEBUG=INFO or WARN), all ranks together")
+    args = parser.parse_args(argv)
+    try:
+        text = args.log.read_text(errors="replace")
+    except OSError as error:
+        print(f"comm_failures: cannot read {args.log} ({error.strerror})", file=sys.stderr)
+        return 2
+    print(diagnose(text).sentence())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
