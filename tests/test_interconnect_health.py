@@ -1,0 +1,142 @@
+"""The interconnect health check of notebook 12 reads osu_bw, rccl-tests and nccl-tests as they really print
+(tests/fixtures/interconnect/, sources in tests/fixtures/README.md) and judges them against LUMI's container
+tests' minimums (lumi-ai-factory/laifs-container-tests at commit 5876d14, jobs/mpi-*-gpu-to-gpu-pt2pt-osu_bw.yaml)."""
+
+import re
+import shutil
+
+import pytest
+
+from course_utils.config import checkout_root
+from course_utils.parallel import interconnect_health as health
+
+FIXTURES = checkout_root() / "tests" / "fixtures" / "interconnect"
+MIB = 2**20
+
+
+def _text(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_lumis_minimums_are_those_of_its_container_tests():
+    minimum = health.lumi_minimum_gb_s
+    assert minimum(0, 1, 64 * MIB) == minimum(1, 0, 64 * MIB) == 50.0  # the two GCDs of one module
+    assert {minimum(0, b, 64 * MIB) for b in range(2, 8)} == {37.0, 45.0}  # 45 to GCD 6, 37 elsewhere
+    assert minimum(1, 7, 64 * MIB) == 30.0  # the one pair LUMI's test lets down to 30 GB/s
+    assert minimum(0, 1, MIB) == 36.0 and minimum(0, 5, MIB) == 25.0
+    assert minimum(0, 3, 64 * MIB, between_nodes=True) == minimum(1, 7, MIB, between_nodes=True) == 23.75
+    assert minimum(2, 3, 64 * MIB) is None and minimum(0, 1, 4 * MIB) is None  # pairs and sizes LUMI does not test
+    assert len(health.LUMI_INTRA_NODE_MINIMUM_MB_S) == 2 * 8 * 2
+
+
+@pytest.mark.parametrize(("name", "device", "version", "rows", "at_1_mib", "at_64_mib"), [
+    ("osu_bw_rocm_v7.5_pair_0_1.txt", "ROCM", "7.5", 28, 38.91421, 137.85437),
+    ("osu_bw_cuda_v7.2_a100.txt", "CUDA", "7.2", 26, 73.67519, None),  # its sweep stopped at 32 MiB
+])
+def test_osu_bw_is_read_by_message_size(name, device, version, rows, at_1_mib, at_64_mib):
+    result = health.parse_osu_bw(_text(name))
+    assert (result.device, result.version, len(result.table)) == (device, version, rows)
+    assert result.gb_per_s_at(MIB) == pytest.approx(at_1_mib)
+    assert result.gb_per_s_at(64 * MIB) == (pytest.approx(at_64_mib) if at_64_mib else None)
+
+
+def test_a_pair_is_judged_at_each_of_lumis_sizes():
+    result = health.parse_osu_bw(_text("osu_bw_rocm_v7.5_pair_0_1.txt"))
+    verdicts = health.judge_osu_pair(result, 0, 1)
+    assert [v.status for v in verdicts] == ["healthy", "healthy"]
+    assert "38.9 GB/s, at least the minimum of 36.00 GB/s" in verdicts[0].text
+    between_nodes = health.judge_osu_pair(result, 0, 1, between_nodes=True)
+    assert [v.minimum_gb_s for v in between_nodes] == [23.75, 23.75]
+    cut_short = health.judge_osu_pair(health.parse_osu_bw(_text("osu_bw_cuda_v7.2_a100.txt")), 0, 1)
+    assert [v.status for v in cut_short] == ["healthy", "not judged"] and "not measured" in cut_short[1].text
+
+
+def test_a_slow_pair_is_below_its_minimum():
+    """The real ROCm output with its bandwidths cut to 30 %, as a degraded link shows it."""
+    slow = re.sub(r"^(\d+)\s+([0-9.]+)$", lambda m: f"{m[1]}  {float(m[2]) * 0.3:.2f}",
+                  _text("osu_bw_rocm_v7.5_pair_0_1.txt"), flags=re.M)
+    verdicts = health.judge_osu_pair(health.parse_osu_bw(slow), 0, 1)
+    assert [v.status for v in verdicts] == ["below", "below"] and verdicts[1].healthy is False
+    assert "41.4 GB/s, BELOW the minimum of 50.00 GB/s" in verdicts[1].text
+
+
+def test_rccl_tests_table_with_its_ranks_and_average():
+    result = health.parse_collective_table(_text("rccl_tests_mi300x_1node.txt"))
+    assert (result.library, result.ranks, result.nodes, result.average_busbw) == ("rccl", 8, 1, 110.464)
+    assert set(result.devices) == {"AMD Instinct MI300X"} and len(result.table) == 31
+    last = result.table.iloc[-1]
+    assert (last["bytes"], last["algbw"], last["busbw"], last["wrong"], last["in_place_busbw"]) == (
+        8589934592, 180.40, 315.69, 0, 315.91)
+    assert [v.status for v in health.judge_collective(result)] == ["not judged"]
+    assert [v.status for v in health.judge_collective(result, minimum_busbw_gb_s=300)] == ["healthy"]
+    assert [v.status for v in health.judge_collective(result, minimum_busbw_gb_s=400)] == ["below"]
+
+
+def test_nccl_tests_on_two_nvidia_nodes():
+    result = health.parse_collective_table(_text("nccl_tests_h100_2nodes.txt"))
+    assert (result.library, result.ranks, result.nodes, result.average_busbw) == (None, 16, 2, 70.742)
+    assert result.devices[0] == "NVIDIA H100 80GB HBM3"
+    verdict, = health.judge_collective(result)
+    assert verdict.measured_gb_s == 338.82 and "all_reduce_perf on 16 ranks, 2 node(s)" in verdict.text
+
+
+def test_an_older_rccl_tests_table_without_root_and_with_its_error_column():
+    result = health.parse_collective_table(_text("rccl_tests_mi250x_16ranks_old_cut.txt"))
+    assert list(result.table.columns)[:8] == ["bytes", "count", "type", "redop", "time_us", "algbw", "busbw", "error"]
+    assert len(result.table) == 8
+    assert result.table["busbw"].max() == 0.06 and result.table["in_place_busbw"].max() == 0.11
+    assert [v.status for v in health.judge_collective(result)] == ["not judged"]  # "error" is a tolerance, not wrong
+
+
+def test_a_bandwidth_that_collapses_at_large_messages_is_broken_whatever_the_minimum():
+    """NVIDIA/nccl issue 1453: mpirun's rank tags inside the rows, no header, busbw 29.5 GB/s then 5.3."""
+    result = health.parse_collective_table(_text("nccl_tests_bandwidth_collapse_tagged_cut.txt"))
+    assert len(result.table) == 10 and result.table["busbw"].iloc[5] == 29.50
+    broken, peak = health.judge_collective(result)
+    assert broken.status == "broken" and "falls from 29.5 GB/s at 33,554,432 B to 5.3 GB/s" in broken.text
+    assert peak.status == "not judged"
+
+
+def test_wrong_results_are_broken():
+    """The real MI300X table with one row's #wrong edited to 3, as nccl-tests count corrupted elements."""
+    lines = _text("rccl_tests_mi300x_1node.txt").splitlines()
+    row = next(i for i, line in enumerate(lines) if line.strip().startswith("1048576 "))
+    fields = lines[row].split()
+    fields[8] = "3"
+    lines[row] = "  ".join(fields)
+    verdicts = health.judge_collective(health.parse_collective_table("\n".join(lines)))
+    assert verdicts[0].status == "broken" and "3 wrong elements" in verdicts[0].text
+
+
+@pytest.mark.parametrize("text", ["", "srun: error: nid005123: task 3: Exited with exit code 1\n",
+                                  "# Avg bus bandwidth    : 0\n"])
+def test_output_without_a_table_is_named(text):
+    with pytest.raises(ValueError, match="all_reduce_perf"):
+        health.parse_collective_table(text)
+    with pytest.raises(ValueError, match="osu_bw -m"):
+        health.parse_osu_bw(text)
+
+
+def test_the_job_folder_is_read_and_its_failures_set_the_exit_status(tmp_path, capsys):
+    shutil.copy(FIXTURES / "osu_bw_rocm_v7.5_pair_0_1.txt", tmp_path / "osu_bw_node_0_1.txt")
+    shutil.copy(FIXTURES / "rccl_tests_mi300x_1node.txt", tmp_path / "all_reduce_perf.txt")
+    assert health.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "osu_bw GCD 0 -> GCD 1 (in the node), 64 MiB: 137.9 GB/s" in out
+    assert "all 2 judged checks passed (1 not judged)" in out
+    shutil.copy(FIXTURES / "nccl_tests_bandwidth_collapse_tagged_cut.txt", tmp_path / "all_reduce_perf.txt")
+    assert health.main([str(tmp_path), "--minimum-busbw", "20"]) == 1
+    assert "1 of 4 checks failed" in capsys.readouterr().out
+
+
+def test_an_empty_folder_names_what_it_expected(tmp_path, capsys):
+    assert health.main([str(tmp_path)]) == 2
+    assert "jobs/lumi/interconnect_health.sbatch" in capsys.readouterr().err
+
+
+def test_the_job_runs_the_benchmarks_where_lumis_image_installs_them():
+    """The paths of LUMI AI Factory's image (laifs-container-recipes, containerfiles/mpich/Ubuntu_Rocm_Slingshot:
+    OSU in /usr/libexec/osu-micro-benchmarks, rccl-tests' *_perf in /usr/libexec/rccl-tests)."""
+    job = (checkout_root() / "jobs" / "lumi" / "interconnect_health.sbatch").read_text()
+    assert "/usr/libexec/osu-micro-benchmarks/mpi/pt2pt/osu_bw" in job and "/usr/libexec/rccl-tests" in job
+    assert "-m 1048576:67108864 D D" in job  # both of LUMI's sizes, device buffers on both sides
