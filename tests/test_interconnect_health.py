@@ -2,8 +2,12 @@
 (tests/fixtures/interconnect/, sources in tests/fixtures/README.md) and judges them against LUMI's container
 tests' minimums (lumi-ai-factory/laifs-container-tests at commit 5876d14, jobs/mpi-*-gpu-to-gpu-pt2pt-osu_bw.yaml)."""
 
+import os
 import re
 import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +144,12 @@ def test_the_job_runs_the_benchmarks_where_lumis_image_installs_them():
     job = (checkout_root() / "jobs" / "lumi" / "interconnect_health.sbatch").read_text()
     assert "/usr/libexec/osu-micro-benchmarks/mpi/pt2pt/osu_bw" in job and "/usr/libexec/rccl-tests" in job
     assert "-m 1048576:67108864 D D" in job  # both of LUMI's sizes, device buffers on both sides
+
+
+def test_the_job_without_an_image_names_the_variable_before_it_makes_anything(tmp_path):
+    environment = {k: v for k, v in os.environ.items() if k != "COURSE_CONTAINER"}
+    before = set(Path(tempfile.gettempdir()).glob("course-miopen.*"))
+    result = subprocess.run(["bash", "jobs/lumi/interconnect_health.sbatch"], cwd=checkout_root(), env=environment,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "set COURSE_CONTAINER to the LUMI AI Factory image" in result.stderr
+    assert set(Path(tempfile.gettempdir()).glob("course-miopen.*")) == before
