@@ -153,3 +153,14 @@ def test_the_job_without_an_image_names_the_variable_before_it_makes_anything(tm
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "set COURSE_CONTAINER to the LUMI AI Factory image" in result.stderr
     assert set(Path(tempfile.gettempdir()).glob("course-miopen.*")) == before
+
+
+def test_a_benchmark_that_failed_is_reported_and_the_others_still_judged(tmp_path, capsys):
+    """The job appends the exit status when a benchmark fails, and goes on with the next pair."""
+    shutil.copy(FIXTURES / "osu_bw_rocm_v7.5_pair_0_1.txt", tmp_path / "osu_bw_node_0_1.txt")
+    (tmp_path / "osu_bw_nodes_0_2.txt").write_text("srun: error: nid005123: task 1: Exited with exit code 1\n"
+                                                   "osu_bw failed: exit 1\n")
+    assert health.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "osu_bw_nodes_0_2.txt: no result; its last line: osu_bw failed: exit 1" in out
+    assert "1 of 3 checks failed" in out

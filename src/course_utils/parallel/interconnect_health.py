@@ -238,16 +238,28 @@ def _pair(path: Path) -> tuple[int, int]:
     return int(first), int(second)
 
 
+def _judged(path: Path, judge_file) -> list[Verdict]:
+    """A result file's verdicts; a file with no result (the benchmark failed or printed nothing) is broken."""
+    text = path.read_text()
+    try:
+        return judge_file(text)
+    except ValueError:
+        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "nothing")
+        return [Verdict(path.stem, "broken", None, None, f"{path.name}: no result; its last line: {last}")]
+
+
 def read_folder(folder: str | Path, minimum_busbw_gb_s: float | None = None) -> pd.DataFrame:
     """Every result the job wrote in ``folder``, judged: one row per verdict."""
     folder = Path(folder)
     verdicts = []
     for path in sorted(folder.glob("osu_bw_node_*.txt")):
-        verdicts += judge_osu_pair(parse_osu_bw(path.read_text()), *_pair(path))
+        verdicts += _judged(path, lambda text, path=path: judge_osu_pair(parse_osu_bw(text), *_pair(path)))
     for path in sorted(folder.glob("osu_bw_nodes_*.txt")):
-        verdicts += judge_osu_pair(parse_osu_bw(path.read_text()), *_pair(path), between_nodes=True)
+        verdicts += _judged(path, lambda text, path=path: judge_osu_pair(parse_osu_bw(text), *_pair(path),
+                                                                         between_nodes=True))
     for path in sorted(folder.glob("*_perf.txt")):
-        verdicts += judge_collective(parse_collective_table(path.read_text()), path.stem, minimum_busbw_gb_s)
+        verdicts += _judged(path, lambda text, path=path: judge_collective(parse_collective_table(text), path.stem,
+                                                                           minimum_busbw_gb_s))
     if not verdicts:
         raise FileNotFoundError(f"no osu_bw_*.txt or *_perf.txt in {folder}: is it the folder "
                                 "jobs/lumi/interconnect_health.sbatch wrote (runs/slurm/interconnect-<job id>)?")
@@ -267,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         verdicts = read_folder(args.folder, args.minimum_busbw)
-    except (FileNotFoundError, ValueError) as error:
+    except FileNotFoundError as error:
         print(f"interconnect_health: {error}", file=sys.stderr)
         return 2
     for text in verdicts["text"]:
