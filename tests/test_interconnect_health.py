@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -164,3 +165,57 @@ def test_a_benchmark_that_failed_is_reported_and_the_others_still_judged(tmp_pat
     out = capsys.readouterr().out
     assert "osu_bw_nodes_0_2.txt: no result; its last line: osu_bw failed: exit 1" in out
     assert "1 of 3 checks failed" in out
+
+
+STAND_IN_BENCHMARK = """#!/bin/bash
+# In place of the image's {name}, which needs GPUs: notes where Slurm put each rank and which GCD it was
+# given, then (rank 0, as the real one) prints a real output of the program.
+echo "$SLURM_STEP_ID $SLURM_PROCID $SLURM_NODEID ${{ROCR_VISIBLE_DEVICES:-none}} $*" >>"{log}"
+if [[ $SLURM_PROCID == 0 ]]; then cat "{output}"; fi
+"""
+
+
+@pytest.mark.slow
+def test_the_job_runs_every_pair_on_a_real_slurm_and_judges_them(tmp_path):
+    """jobs/lumi/interconnect_health.sbatch on the two-node Slurm of CI (tests/test_slurm.py): its srun steps,
+    each rank's GCD, the reader at the end and the exit status are real; the benchmarks, which need the GPUs
+    and the image, are stand-ins that print real outputs (the image through a `singularity` that runs the
+    command it is given)."""
+    from course_utils.parallel import slurm
+
+    if not slurm.available():
+        pytest.skip("no Slurm controller answers (sinfo); see tests/test_slurm.py")
+    bin_dir, log = tmp_path / "bin", tmp_path / "ranks.log"
+    bin_dir.mkdir()
+    (bin_dir / "singularity").write_text('#!/bin/bash\n[[ $1 == run ]] && shift 2 && exec "$@"\nexit 2\n')
+    for name, fixture in (("osu_bw", "osu_bw_rocm_v7.5_pair_0_1.txt"),
+                          ("all_reduce_perf", "rccl_tests_mi300x_1node.txt")):
+        (bin_dir / name).write_text(STAND_IN_BENCHMARK.format(name=name, log=log, output=FIXTURES / fixture))
+    for path in bin_dir.iterdir():
+        path.chmod(0o755)
+    out = tmp_path / "results"
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "COURSE_CONTAINER": str(tmp_path / "image.sif"),
+           "COURSE_VENV": sys.prefix, "CPU_BIND": "none", "OSU_BW": str(bin_dir / "osu_bw"),
+           "RCCL_TESTS": str(bin_dir), "COURSE_RUN_DIR": str(out), "COURSE_SIZE": "ci"}
+    job = slurm.submit("jobs/lumi/interconnect_health.sbatch", cwd=checkout_root(), env=env,
+                       options=["--partition=debug", "--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=0",
+                                "--cpus-per-task=1", "--time=10", f"--output={tmp_path / 'job.out'}"])
+    outcome = slurm.follow(job, poll_seconds=1, timeout_seconds=540, echo=False)
+    text = (tmp_path / "job.out").read_text()
+    # Every pair ran in its own step; the same GCD twice misses LUMI's minimum for a copy within one GCD.
+    assert outcome.state == "FAILED" and outcome.exit_code == 1, text
+    assert len(list(out.glob("osu_bw_node_*.txt"))) == len(list(out.glob("osu_bw_nodes_*.txt"))) == 16
+    assert "4 of 65 checks failed" in text and "osu_bw GCD 1 -> GCD 1 (in the node), 64 MiB: 137.9 GB/s, BELOW" in text
+    steps = {}
+    for line in log.read_text().splitlines():
+        step, rank, node, gcd, *args = line.split()
+        steps.setdefault(step, {})[int(rank)] = (node, gcd, args)
+    osu = [ranks for ranks in steps.values() if ranks[0][2] == ["-m", "1048576:67108864", "D", "D"]]
+    assert len(osu) == 32 and all(len(ranks) == 2 for ranks in osu)
+    inside = [(ranks[0][1], ranks[1][1]) for ranks in osu if ranks[0][0] == ranks[1][0]]
+    between = [(ranks[0][1], ranks[1][1]) for ranks in osu if ranks[0][0] != ranks[1][0]]
+    every_pair = sorted((str(a), str(b)) for a in (0, 1) for b in range(8))
+    assert sorted(inside) == sorted(between) == every_pair
+    collective, = (ranks for ranks in steps.values() if ranks[0][2][:2] == ["-b", "8"])
+    assert sorted(collective) == [0, 1, 2, 3]  # one rank per GCD, each given its own (select_gcd.sh)
+    assert sorted(gcd for _, gcd, _ in collective.values()) == ["0", "0", "1", "1"]
