@@ -55,7 +55,7 @@ def test_gpus_this_pytorch_cannot_use_are_named_with_the_fix(vendors, hip, cuda,
 def test_the_right_build_without_a_gpu_for_this_job_names_the_visible_devices():
     text = devices.gpu_mismatch(("AMD",), "6.4", None, available=False, env={"ROCR_VISIBLE_DEVICES": ""})
     assert "no GPU is given to this job (visible-device variables: ROCR_VISIBLE_DEVICES=''; " in text
-    assert "rocm-smi" in text
+    assert "Check with rocm-smi (or amd-smi, its successor)." in text
 
 
 @pytest.mark.parametrize(("vendors", "available"), [((), False), (("NVIDIA",), True), (("AMD",), True)])

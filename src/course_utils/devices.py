@@ -122,7 +122,7 @@ def gpu_mismatch(vendors: tuple[str, ...], hip: str | None, cuda: str | None, av
         return (f"{found} {build} build that cannot use them. Install the CUDA build: make install (README, "
                 "'Other machines').")
     visible = ", ".join(f"{name}={env[name]!r}" for name in VISIBLE_VARIABLES[vendor] if name in env) or "none set"
-    tool = "rocm-smi" if vendor == "AMD" else "nvidia-smi"
+    tool = "rocm-smi (or amd-smi, its successor)" if vendor == "AMD" else "nvidia-smi"
     return (f"{found} {build} build, and torch.cuda.is_available() is False: no GPU is given to this job "
             f"(visible-device variables: {visible}; on Slurm ask for --gpus-per-node), or the driver is older than "
             f"the build needs. Check with {tool}.")

@@ -20,7 +20,9 @@ import psutil
 from course_utils import config
 from course_utils.observe.monitor.readings import (
     Reading,
+    amd_smi_command,
     nvidia_smi_command,
+    parse_amd_smi,
     parse_nvidia_smi,
     parse_rocm_smi,
     pci_address,
@@ -244,9 +246,12 @@ FACTORIES: dict[str, Callable[[], Backend]] = {
     "amdsmi": AmdSmiBackend,
     "nvidia-smi": lambda: CommandBackend("nvidia-smi", nvidia_smi_command(), parse_nvidia_smi),
     "rocm-smi": lambda: CommandBackend("rocm-smi", rocm_smi_command(), parse_rocm_smi),
+    "amd-smi": lambda: CommandBackend("amd-smi", amd_smi_command(), parse_amd_smi),
     "cpu": CpuBackend,
 }
-AUTO_ORDER = ("nvml", "amdsmi", "nvidia-smi", "rocm-smi", "cpu")
+# amd-smi after rocm-smi: where both are installed rocm-smi also names each GPU's PCI bus (which GPU is this
+# process's); amd-smi serves the ROCm releases without rocm-smi.
+AUTO_ORDER = ("nvml", "amdsmi", "nvidia-smi", "rocm-smi", "amd-smi", "cpu")
 BACKEND_NAMES = ("auto",) + AUTO_ORDER
 
 

@@ -9,6 +9,8 @@ output, and those labels changed between ROCm releases: power is ``Average Graph
 Power (W)`` in ROCm 5 and on MI200, ``Current Socket Graphics Package Power (W)`` where the
 socket reports it (ROCm 6 on MI300 and APUs). On an MI250X the two GCDs of one module share a
 power sensor: the primary GCD reports the whole module, the secondary ``N/A (Secondary die)``.
+``amd-smi metric --json``, rocm-smi's successor, prints one object per GPU (a list; from ROCm 7 inside
+``{"gpu_data": [...]}``), each value ``{"value": 42, "unit": "%"}`` or ``"N/A"``, memory in MB of 2**20 bytes.
 """
 
 from __future__ import annotations
@@ -155,3 +157,39 @@ def _mark_shared_power(readings: list[Reading]) -> list[Reading]:
             values.update(power_note=f"whole module: this GCD and GCD {partner}")
         marked.append(Reading(**values))
     return marked
+
+
+def amd_smi_command() -> list[str]:
+    return ["amd-smi", "metric", "--usage", "--power", "--mem-usage", "--temperature", "--clock", "--json"]
+
+
+def _amd_value(section: object, *path: str) -> float | None:
+    """The number at ``path`` inside an ``amd-smi --json`` section: ``{"value": 42, "unit": "%"}``, a bare number
+    or ``"N/A"`` (a section is itself ``"N/A"`` when the GPU reports none of it)."""
+    for key in path:
+        section = section.get(key) if isinstance(section, dict) else None
+    if isinstance(section, dict):
+        section = section.get("value")
+    return number(section) if isinstance(section, (int, float, str)) else None
+
+
+def _first_number(*values: float | None) -> float | None:
+    return next((value for value in values if value is not None), None)
+
+
+def parse_amd_smi(text: str) -> list[Reading]:
+    """Readings from ``amd-smi metric ... --json`` (ROCm 6: a list of GPUs; ROCm 7: ``{"gpu_data": [...]}``).
+    ``socket_power`` is the module's on an MI250X, and ``"N/A"`` on its secondary GCD, as with rocm-smi."""
+    data = json.loads(text)
+    gpus = data.get("gpu_data", []) if isinstance(data, dict) else data
+    return [Reading(
+        index=int(gpu.get("gpu", position)),
+        name="AMD GPU",
+        utilization_percent=_amd_value(gpu.get("usage"), "gfx_activity"),
+        memory_used_mib=_amd_value(gpu.get("mem_usage"), "used_vram"),
+        memory_total_mib=_amd_value(gpu.get("mem_usage"), "total_vram"),
+        power_watts=_amd_value(gpu.get("power"), "socket_power"),
+        temperature_c=_first_number(_amd_value(gpu.get("temperature"), "hotspot"),
+                                    _amd_value(gpu.get("temperature"), "edge")),
+        clock_mhz=_amd_value(gpu.get("clock"), "gfx_0", "clk"),
+    ) for position, gpu in enumerate(gpus)]
