@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay-ms", type=float, default=40.0, help="the slowed loader's sleep per batch")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.delay_ms < 0 or args.steps < 1:
+        parser.error("--delay-ms is a sleep (0 or more) and --steps a count (1 or more)")
     where = process_group.join(timeout_seconds=120)
     device = devices.default_device() if devices.distributed_backend() == "nccl" else torch.device("cpu")
     try:
