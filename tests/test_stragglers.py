@@ -7,7 +7,7 @@ from course_utils.lessons import stragglers
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # torchrun and two gloo ranks in every test
 
-DELAY_MS, STEPS = 40.0, 20
+DELAY_MS, STEPS = 80.0, 20
 
 
 def test_the_slowed_rank_is_named_with_the_time_the_other_waited_for_it(tmp_path):

@@ -27,7 +27,7 @@ WARMUP_STEPS = 2  # the first steps build buffers and warm caches on every rank 
 PARTS = ("data_seconds", "compute_seconds", "collective_seconds")
 
 
-def run(ranks: int, out: Path, slow_rank: int | None = None, delay_ms: float = 40.0, steps: int = 20,
+def run(ranks: int, out: Path, slow_rank: int | None = None, delay_ms: float = 80.0, steps: int = 20,
         timeout_seconds: float = 180) -> LaunchResult:
     """Launch :mod:`course_utils.parallel.timed_ranks` on ``ranks`` ranks (``slow_rank``'s loader slowed by
     ``delay_ms`` per batch), within ``timeout_seconds``; records a previous launch left in ``out`` are removed

@@ -1,7 +1,7 @@
 """Notebook 12: data-parallel ranks that time each step's parts (waiting for data, computing, the gradients'
 all-reduce), one rank's loader slowed on purpose, each rank's times written for the straggler lesson.
 
-    torchrun --nproc-per-node 2 -m course_utils.parallel.timed_ranks --slow-rank 1 --delay-ms 40 --out DIR
+    torchrun --nproc-per-node 2 -m course_utils.parallel.timed_ranks --slow-rank 1 --delay-ms 80 --out DIR
 
 Each rank trains a small convolutional network on its own random images, as DDP does but with the all-reduce
 written out, so that its time is measured alone: a rank that reaches the all-reduce first waits there for the
@@ -24,7 +24,7 @@ from course_utils import devices
 from course_utils.atomic_files import write_text_atomic
 from course_utils.parallel import process_group
 
-IMAGES = 32  # per rank and step
+IMAGES = 16  # per rank and step: little compute, whose jitter on a busy machine would hide a slowed loader
 RECORD = "rank-{rank}.json"
 
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--slow-rank", type=int, default=None, help="the rank whose loader sleeps (none: all alike)")
-    parser.add_argument("--delay-ms", type=float, default=40.0, help="the slowed loader's sleep per batch")
+    parser.add_argument("--delay-ms", type=float, default=80.0, help="the slowed loader's sleep per batch")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.delay_ms < 0 or args.steps < 1:
