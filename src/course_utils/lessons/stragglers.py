@@ -28,14 +28,15 @@ PARTS = ("data_seconds", "compute_seconds", "collective_seconds")
 
 
 def run(ranks: int, out: Path, slow_rank: int | None = None, delay_ms: float = 80.0, steps: int = 20,
-        timeout_seconds: float = 180) -> LaunchResult:
-    """Launch :mod:`course_utils.parallel.timed_ranks` on ``ranks`` ranks (``slow_rank``'s loader slowed by
-    ``delay_ms`` per batch), within ``timeout_seconds``; records a previous launch left in ``out`` are removed
-    first, and a failed launch raises with the end of its output."""
+        alike_steps: int = 0, timeout_seconds: float = 180) -> LaunchResult:
+    """Launch :mod:`course_utils.parallel.timed_ranks` on ``ranks`` ranks for ``alike_steps`` steps alike, then
+    ``steps`` with ``slow_rank``'s loader slowed by ``delay_ms`` per batch, within ``timeout_seconds``; records a
+    previous launch left in ``out`` are removed first, and a failed launch raises with the end of its output."""
     out = Path(out)
     for old in out.glob(RECORD.format(rank="*")):
         old.unlink()
-    flags = ["--steps", str(steps), "--delay-ms", str(delay_ms), "--out", str(out)]
+    flags = ["--steps", str(alike_steps + steps), "--slow-from", str(alike_steps), "--delay-ms", str(delay_ms),
+             "--out", str(out)]
     if slow_rank is not None:
         flags += ["--slow-rank", str(slow_rank)]
     result = launch(ranks, "course_utils.parallel.timed_ranks", *flags, log_dir=out.parent / f"{out.name}-logs",
@@ -46,16 +47,23 @@ def run(ranks: int, out: Path, slow_rank: int | None = None, delay_ms: float = 8
 
 
 def read_ranks(out: Path) -> pd.DataFrame:
-    """Every rank's steps, one row per rank and step: its seconds for data, compute and the all-reduce."""
+    """Every rank's steps, one row per rank and step: its seconds for data, compute and the all-reduce, and the
+    ``phase``: "alike", or "one slowed" from the step a rank's loader was slowed on."""
     paths = sorted(Path(out).glob(RECORD.format(rank="*")))
     if not paths:
         raise FileNotFoundError(f"no rank records in {out}: run the cell that launches the timed ranks first")
-    rows = []
+    rows, starts = [], []
     for path in paths:
         record = json.loads(path.read_text())
+        slowed_from = record["slow_from"] if record["slowed"] else None
         rows += [{"rank": record["rank"], **step} for step in record["steps"]]
+        if slowed_from is not None:
+            starts.append(slowed_from)
     table = pd.DataFrame(rows)
     table["own_seconds"] = table["data_seconds"] + table["compute_seconds"]
+    table["phase"] = "alike"
+    if starts:
+        table.loc[table["step"] >= min(starts), "phase"] = "one slowed"
     return table
 
 
@@ -90,7 +98,8 @@ class Verdict:
 
 
 def name_straggler(table: pd.DataFrame, warmup: int = WARMUP_STEPS) -> Verdict:
-    """The straggler among the ranks of ``table`` (:func:`read_ranks`), judged after ``warmup`` steps."""
+    """The straggler among the ranks of ``table`` (:func:`read_ranks`, or one phase of it), judged after the
+    launch's first ``warmup`` steps."""
     steady = table[table["step"] >= warmup]
     own = {int(rank): Measurement.of(group["own_seconds"]) for rank, group in steady.groupby("rank")}
     steps = int(steady["step"].nunique())

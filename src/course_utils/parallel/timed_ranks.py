@@ -3,6 +3,9 @@ all-reduce), one rank's loader slowed on purpose, each rank's times written for 
 
     torchrun --nproc-per-node 2 -m course_utils.parallel.timed_ranks --slow-rank 1 --delay-ms 80 --out DIR
 
+With ``--slow-from N`` the slowed loader sleeps from its Nth batch on: one launch holds the ranks alike, then one
+slowed (each launch pays the start of every rank's process, longer than the steps themselves here).
+
 Each rank trains a small convolutional network on its own random images, as DDP does but with the all-reduce
 written out, so that its time is measured alone: a rank that reaches the all-reduce first waits there for the
 last one, and that wait is what a straggler costs the others. Every rank writes ``DIR/rank-N.json``.
@@ -34,25 +37,29 @@ def _model() -> nn.Module:
 
 
 class SlowCollate:
-    """The loader's collate function, which sleeps ``delay`` seconds per batch: a slow disk or a busy decoder."""
+    """The loader's collate function, which sleeps ``delay`` seconds per batch from its batch ``start`` on: a slow
+    disk or a busy decoder (batches come in order: the loader has no worker processes)."""
 
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
+    def __init__(self, delay: float, start: int = 0) -> None:
+        self.delay, self.start, self.batches = delay, start, 0
 
     def __call__(self, samples: list) -> list[torch.Tensor]:
-        time.sleep(self.delay)
+        if self.batches >= self.start:
+            time.sleep(self.delay)
+        self.batches += 1
         return [torch.stack(column) for column in zip(*samples)]
 
 
-def train(steps: int, delay: float, device: torch.device) -> list[dict[str, float]]:
-    """``steps`` steps of this rank; each one's seconds waiting for data, computing, and in the all-reduce."""
+def train(steps: int, delay: float, device: torch.device, slow_from: int = 0) -> list[dict[str, float]]:
+    """``steps`` steps of this rank, its loader slowed by ``delay`` from step ``slow_from`` on; each step's seconds
+    waiting for data, computing, and in the all-reduce."""
     torch.manual_seed(0)  # every rank starts from the same weights, as DDP's broadcast makes them
     model = _model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     generator = torch.Generator().manual_seed(dist.get_rank())
     data = TensorDataset(torch.randn(steps * IMAGES, 3, 32, 32, generator=generator),
                          torch.randint(0, 100, (steps * IMAGES,), generator=generator))
-    loader = DataLoader(data, batch_size=IMAGES, collate_fn=SlowCollate(delay))
+    loader = DataLoader(data, batch_size=IMAGES, collate_fn=SlowCollate(delay, slow_from))
     world, records = dist.get_world_size(), []
     batches = iter(loader)
     for step in range(steps):
@@ -82,19 +89,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--slow-rank", type=int, default=None, help="the rank whose loader sleeps (none: all alike)")
     parser.add_argument("--delay-ms", type=float, default=80.0, help="the slowed loader's sleep per batch")
+    parser.add_argument("--slow-from", type=int, default=0, help="the step from which the slowed loader sleeps")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    if args.delay_ms < 0 or args.steps < 1:
-        parser.error("--delay-ms is a sleep (0 or more) and --steps a count (1 or more)")
+    if args.delay_ms < 0 or args.steps < 1 or args.slow_from < 0:
+        parser.error("--delay-ms is a sleep (0 or more), --steps a count (1 or more), --slow-from a step (0 or more)")
     where = process_group.join(timeout_seconds=120)
     device = devices.default_device() if devices.distributed_backend() == "nccl" else torch.device("cpu")
     try:
         delay = args.delay_ms / 1000 if where.rank == args.slow_rank else 0.0
-        records = train(args.steps, delay, device)
+        records = train(args.steps, delay, device, args.slow_from)
         args.out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.out / RECORD.format(rank=where.rank),
                           json.dumps({"rank": where.rank, "slowed": delay > 0, "delay_seconds": delay,
-                                      "device": str(device), "steps": records}))
+                                      "slow_from": args.slow_from, "device": str(device),
+                                      "steps": records}))
     finally:
         process_group.leave()
 
