@@ -86,10 +86,14 @@ class RankKiller(threading.Thread):
                     self.killed_at, self.killed_after = time.monotonic(), max(self.before)
             self._over.wait(POLL_SECONDS)
 
-    def check(self) -> None:
-        """Once the launch is over: stop watching, and fail unless the rank was killed as planned."""
+    def stop(self) -> None:
+        """Stop watching (at once, not at the deadline)."""
         self._over.set()
         self.join(timeout=10)
+
+    def check(self) -> None:
+        """Once the launch is over: stop watching, and fail unless the rank was killed as planned."""
+        self.stop()
         assert self.killed, (f"rank {self.rank} was never killed: the run in {self.marker} never logged step "
                              f"{self.step} or a later one while its ranks ran")
 
@@ -98,6 +102,7 @@ class RankKiller(threading.Thread):
 class TimeLost:
     """What a crash cost: the steps trained twice and the seconds from a step's first record to its second."""
 
+    rank: int  # the rank killed
     resumed_from: int  # the checkpoint's step
     last_logged: int  # the last step logged before the crash
     restart_seconds: float  # from the kill to the resumed run's first record
@@ -125,7 +130,7 @@ def time_lost(killer: RankKiller, result: LaunchResult) -> TimeLost:
     if last is None or last not in killer.after or not redone:
         raise ValueError("the resumed run did not log again the step the crash interrupted: nothing to measure")
     first_again = killer.after[min(redone)]
-    return TimeLost(start, last, first_again - killer.killed_at, killer.after[last] - first_again,
+    return TimeLost(killer.rank, start, last, first_again - killer.killed_at, killer.after[last] - first_again,
                     killer.after[last] - killer.before[last])
 
 
@@ -138,8 +143,11 @@ def crash_and_restart(out: Path, rank: int = 1, kill_after: int = 11, timeout_se
     shutil.rmtree(out, ignore_errors=True)
     killer = RankKiller(rank, out, kill_after, timeout=timeout_seconds)
     flags = to_flags(**{**SCRATCH, **options}, distributed="ddp", resume="auto", out=out)
-    result = launch(2, "course_utils.train", *flags, log_dir=out.parent / f"{out.name}-logs", echo=False,
-                    timeout_seconds=timeout_seconds, max_restarts=1, env={"OMP_NUM_THREADS": str(RANK_THREADS)})
+    try:
+        result = launch(2, "course_utils.train", *flags, log_dir=out.parent / f"{out.name}-logs", echo=False,
+                        timeout_seconds=timeout_seconds, max_restarts=1, env={"OMP_NUM_THREADS": str(RANK_THREADS)})
+    finally:
+        killer.stop()
     killer.check()
     if not result.ok:
         raise RuntimeError(f"the job did not finish after its restart (exit {result.returncode}):\n"
@@ -151,8 +159,8 @@ def answer(lost: TimeLost, result: LaunchResult) -> str:
     """Markdown: what the learner just saw, with the figures."""
     steps = (result.summary or {}).get("steps")
     return "\n".join([
-        f"- Rank 1 was killed after step **{lost.last_logged}** was logged; torchrun ended rank 0, started both "
-        f"again, and they resumed from the checkpoint of step **{lost.resumed_from}** on their own"
+        f"- Rank {lost.rank} was killed after step **{lost.last_logged}** was logged; torchrun ended the other rank, "
+        f"started both again, and they resumed from the checkpoint of step **{lost.resumed_from}** on their own"
         + (f", finishing all **{steps}** steps." if steps else "."),
         f"- Lost: **{lost.lost_steps} steps** trained twice, and **{lost.lost_seconds:.1f} s** from step "
         f"{lost.last_logged}'s first record to its second: **{lost.restart_seconds:.1f} s** to restart (torchrun "
