@@ -118,7 +118,7 @@ def name_straggler(table: pd.DataFrame, warmup: int = WARMUP_STEPS) -> Verdict:
 def plot(table: pd.DataFrame, title: str, warmup: int = WARMUP_STEPS) -> Figure:
     """Each rank's median step, split into data, compute and the all-reduce (where the early ranks wait)."""
     medians = table[table["step"] >= warmup].groupby("rank")[list(PARTS)].median() * 1000
-    fig, axis = plt.subplots(figsize=(7, 0.6 + 0.5 * len(medians)))
+    fig, axis = plt.subplots(figsize=(9, 0.9 + 0.4 * len(medians)))
     start = pd.Series(0.0, index=medians.index)
     for part, label, color in zip(PARTS, ("waiting for data", "computing", "in the all-reduce (waiting, then "
                                                                          "moving bytes)"),
@@ -127,6 +127,6 @@ def plot(table: pd.DataFrame, title: str, warmup: int = WARMUP_STEPS) -> Figure:
         start += medians[part]
     axis.invert_yaxis()
     axis.set(xlabel="milliseconds per step (median)", title=title)
-    axis.legend(fontsize=7, loc="lower right")
+    axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
     return fig
