@@ -2,6 +2,7 @@
 same step really holds (in this process, and on DDP and FSDP ranks of the training command)."""
 
 import pytest
+import torch
 
 from course_utils.lessons import memory_forecast
 from course_utils.lessons.data_parallel import run_ranks
@@ -62,3 +63,16 @@ def test_the_forecast_per_rank_is_what_the_training_commands_ranks_measured(tiny
     predicted = memory_forecast.predict_step(ranks=2, distributed=mode, **RUN)
     for rank in summary["per_rank"]:
         assert {kind: rank["step_memory_bytes"][kind] for kind in KINDS} == predicted
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the caching allocator and its memory history need a GPU")
+def test_on_a_gpu_the_allocator_is_read_and_its_history_written(tmp_path):
+    snapshot = tmp_path / "snapshot.pickle"
+    measured = memory_forecast.measure_steps(steps=3, device="cuda", snapshot=snapshot, **RUN)
+    after = measured.iloc[-1]
+    assert snapshot.stat().st_size > 0
+    assert after["reserved_mib"] >= after["allocated_mib"] > 0
+    assert after["peak_allocated_mib"] >= sum(after[kind] for kind in KINDS) * 0.99
+    text = memory_forecast.gap_answer(memory_forecast.forecast_against_measurement(
+        memory_forecast.predict_step(**RUN), measured), measured)
+    assert "caching allocator reserved" in text and "The first step peaked" in text
