@@ -48,6 +48,8 @@ def test_the_cheapest_rung_that_fits_the_budget():
 def test_what_the_forecast_does_not_model_is_refused_by_name():
     with pytest.raises(ValueError, match="amp"):
         memory_forecast.predict_step(**RUN, amp="bf16")
+    with pytest.raises(ValueError, match="distributed=dp"):  # DataParallel: GPU 0 holds more than the others
+        memory_forecast.predict_step(**RUN, distributed="dp")
     with pytest.raises(TypeError, match="valid"):
         memory_forecast.predict_step(**RUN, batchsize=8)
     with pytest.raises(ValueError, match="training command"):

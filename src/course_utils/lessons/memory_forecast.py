@@ -39,9 +39,13 @@ def _options(**options: Any) -> TrainOptions:
     unmodelled = [name for name, value, plain in (("amp", cfg.amp, "off"), ("compile", cfg.compile, None),
                                                   ("tp_size", cfg.tp_size, None), ("offload", cfg.offload, False),
                                                   ("grad_accum", cfg.grad_accum, 1)) if value != plain]
+    mode = mode_of(cfg.distributed)
+    if mode.splits_layers or mode.all_gpus_in_one_process:
+        unmodelled.append(f"distributed={cfg.distributed}")
     if unmodelled or cfg.data == "coco":
-        raise ValueError(f"the forecast counts fp32 classifiers trained with SGD, one batch per step; "
-                         f"{', '.join(unmodelled) or 'data=coco'} is outside it: leave it at its default")
+        raise ValueError(f"the forecast counts fp32 classifiers trained with SGD, one batch per step, on one device, "
+                         f"DDP or FSDP ranks; {', '.join(unmodelled) or 'data=coco'} is outside it: leave it at its "
+                         "default")
     return cfg
 
 
@@ -58,7 +62,7 @@ def predict_step(ranks: int = 1, **options: Any) -> dict[str, int]:
     cfg = _options(**options)
     with torch.device("meta"):
         model = models.build(cfg.model, image_size=cfg.image_size)
-    sharded = mode_of(cfg.distributed).sharded
+    sharded = mode_of(cfg.distributed).fsdp_over_all_ranks
     parameters = sum(_shard_bytes(p, ranks) if sharded else p.numel() * p.element_size()
                      for p in model.parameters() if p.requires_grad)
     recomputed = checkpoint_blocks(models.blocks(model)) if cfg.activation_checkpointing else []
