@@ -76,11 +76,13 @@ class RankKiller(threading.Thread):
                 seen.setdefault(record["step"], now)
 
     def run(self) -> None:
+        process = None  # found before the step comes, so that the kill follows the record at once
         while not self._over.is_set() and time.monotonic() < self.deadline:
             self._note_steps()
-            if not self.killed and self.before and max(self.before) >= self.step:
-                process = rank_process(self.rank, self.marker)
-                if process is not None:
+            if not self.killed:
+                if process is None or not process.is_running():
+                    process = rank_process(self.rank, self.marker)
+                if process is not None and self.before and max(self.before) >= self.step:
                     self._file_at_kill = self.metrics.stat().st_ino
                     process.kill()
                     self.killed_at, self.killed_after = time.monotonic(), max(self.before)
@@ -111,7 +113,7 @@ class TimeLost:
 
     @property
     def lost_steps(self) -> int:
-        return self.last_logged - self.resumed_from
+        return max(0, self.last_logged - self.resumed_from)
 
 
 def resumed_step(result: LaunchResult) -> int:
@@ -127,9 +129,12 @@ def time_lost(killer: RankKiller, result: LaunchResult) -> TimeLost:
     """The crash's cost from the watched records: lost steps, seconds to restart and to redo them."""
     last, start = killer.killed_after, resumed_step(result)
     redone = [step for step in killer.after if step > start]
-    if last is None or last not in killer.after or not redone:
-        raise ValueError("the resumed run did not log again the step the crash interrupted: nothing to measure")
+    if last is None or not redone:
+        raise ValueError("the resumed run logged no step after its checkpoint: nothing to measure")
     first_again = killer.after[min(redone)]
+    if last <= start:  # the crash came after a checkpoint was written, before the next record: no step lost
+        return TimeLost(killer.rank, start, last, first_again - killer.killed_at, 0.0,
+                        first_again - killer.before[last])
     return TimeLost(killer.rank, start, last, first_again - killer.killed_at, killer.after[last] - first_again,
                     killer.after[last] - killer.before[last])
 
