@@ -2,15 +2,13 @@
 meet the same error a moment apart each say so before torchrun ends them."""
 
 import textwrap
-import threading
 import time
 
-import psutil
 import pytest
 import torch
 
+from course_utils.lessons.crash_restart import RankKiller
 from course_utils.parallel.launch import launch
-from course_utils.run_folder import RunFolder
 from course_utils.training.options import to_flags
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # torchrun and two DDP ranks in every test
@@ -20,47 +18,6 @@ def _options(tiny_root, out, **extra):
     return to_flags(size="ci", data_dir=tiny_root, model="small_cnn_gn", train_samples=256, test_samples=32, epochs=2,
                     batch_size=8, workers=0, log_every=2, checkpoint_every=4, device="cpu", progress=False,
                     distributed="ddp", out=out, **extra)
-
-
-def _rank_process(rank: int, marker: str) -> psutil.Process | None:
-    """The training process of ``rank`` among the launch whose arguments contain ``marker``."""
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in " ".join(process.info["cmdline"] or []) and process.environ().get("RANK") == str(rank) \
-                    and "course_utils.train" in " ".join(process.info["cmdline"]):
-                return process
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return None
-
-
-class RankKiller(threading.Thread):
-    """Kills ``rank`` with SIGKILL once the run in ``out`` has a checkpoint at ``step`` or later: it polls in
-    the background while the test waits for torchrun, for at most ``timeout`` seconds."""
-
-    def __init__(self, rank: int, out, step: int, timeout: float = 240.0) -> None:
-        super().__init__(daemon=True)
-        self.rank, self.folder, self.step, self.marker = rank, RunFolder(out).checkpoints, step, str(out)
-        self.deadline = time.monotonic() + timeout
-        self.killed = False
-        self._over = threading.Event()
-        self.start()
-
-    def run(self) -> None:
-        while not self._over.is_set() and time.monotonic() < self.deadline:
-            steps = [int(p.stem.split("-")[1]) for p in self.folder.glob("step-*.pt")]
-            if steps and max(steps) >= self.step and (process := _rank_process(self.rank, self.marker)) is not None:
-                process.kill()
-                self.killed = True
-                return
-            self._over.wait(0.05)
-
-    def check(self) -> None:
-        """Once the launch is over: stop polling, and fail unless the rank was killed as planned."""
-        self._over.set()
-        self.join(timeout=10)
-        assert self.killed, (f"rank {self.rank} was never killed: no checkpoint at step {self.step} or later "
-                             f"appeared in {self.folder} while the rank ran")
 
 
 def test_a_dead_rank_ends_the_job_quickly_and_is_named(tiny_root, tmp_path):

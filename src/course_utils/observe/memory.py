@@ -1,4 +1,4 @@
-"""The memory of one training step, by kind, counted from the tensors this rank holds (notebook 09).
+"""The memory of one training step, by kind, counted from the tensors this rank holds (notebooks 09 and 12).
 
 Parameters, gradients and optimizer state are what stays between steps: under FSDP each rank
 holds only its shards, and only those are counted. Activations are what autograd saves in the
@@ -36,12 +36,18 @@ class StepMemory:
         return asdict(self)
 
 
+def _storage_key(storage: torch.UntypedStorage) -> int:
+    """What tells storages apart: their address; on the meta device, where none has one (a forecast of the memory
+    without the memory, notebook 12), the storage's own object, which views share."""
+    return storage._cdata if storage.device.type == "meta" else storage.data_ptr()
+
+
 def _storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """The bytes of the distinct storages behind ``tensors`` (views of one storage count once)."""
     storages = {}
     for tensor in tensors:
         storage = local_tensor(tensor).untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        storages[_storage_key(storage)] = storage.nbytes()
     return sum(storages.values())
 
 
@@ -75,7 +81,7 @@ class SavedActivations:
     def _keep(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, nn.Parameter) and not isinstance(tensor._base, nn.Parameter):  # a weight's .t()
             storage = local_tensor(tensor).untyped_storage()  # tensor parallelism saves DTensors
-            self._forwards[-1][storage.data_ptr()] = storage.nbytes()
+            self._forwards[-1][_storage_key(storage)] = storage.nbytes()
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         if self._forwards:

@@ -1,0 +1,35 @@
+"""Notebook 12's straggler finder on real ranks: alike, no straggler is named; then with one rank's loader slowed,
+that rank is named with what it cost the other."""
+
+import pytest
+
+from course_utils.lessons import stragglers
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # torchrun and two gloo ranks in every test
+
+DELAY_MS, STEPS = 80.0, 14
+
+
+def test_ranks_alike_have_no_straggler_and_the_slowed_one_is_named_with_its_cost(tmp_path):
+    stragglers.run(2, tmp_path / "ranks", slow_rank=1, delay_ms=DELAY_MS, steps=STEPS, alike_steps=STEPS)
+    table = stragglers.read_ranks(tmp_path / "ranks")
+    alike, slowed = (table[table["phase"] == phase] for phase in ("alike", "one slowed"))
+    assert sorted(slowed["step"].unique()) == list(range(STEPS, 2 * STEPS))
+    verdict = stragglers.name_straggler(alike)
+    assert verdict.rank is None and "No straggler" in verdict.sentence(), verdict.sentence()
+    verdict = stragglers.name_straggler(slowed)
+    assert verdict.rank == 1 and verdict.steps == STEPS, verdict.sentence()
+    # Rank 0 waited at least most of the sleep, every step (it may wait longer: rank 1 also computes).
+    assert verdict.waited[0] > 0.7 * DELAY_MS / 1000 * STEPS, verdict.sentence()
+    assert "Rank 1 is the straggler" in verdict.sentence() and "rank 0 waited" in verdict.sentence()
+    assert stragglers.plot(slowed, "one rank slowed").axes
+
+
+def test_records_an_earlier_launch_left_are_never_read(tmp_path):
+    out = tmp_path / "run"
+    stragglers.run(2, out, slow_rank=1, steps=4)
+    with pytest.raises(RuntimeError, match="failed"):
+        stragglers.run(2, out, delay_ms=-1)
+    assert not list(out.glob("rank-*.json"))
+    with pytest.raises(FileNotFoundError, match="run the cell"):
+        stragglers.read_ranks(out)
