@@ -128,18 +128,24 @@ def judge_skipped_batches(folder: Path) -> Check:
 
 
 def check_skipped_batches(script: Path, folder: Path, timeout_seconds: float = 10.0) -> Check:
-    """The exercise's check: launch the learner's ``script`` into ``folder`` (an earlier attempt's results removed
-    first) with a short process-group timeout, and judge the results only when every rank ended cleanly."""
+    """The exercise's check: launch the learner's ``script`` into ``folder`` (an earlier attempt's results and
+    records removed first) with a short process-group timeout and Flight Recorder on, and judge the results only
+    when every rank ended cleanly; after a failed launch, show each rank's last collectives, the evidence to read."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    records = folder / "flight_record"
 
     def start() -> LaunchResult:
         try:
-            return launch(RANKS, str(script), str(folder), str(folder / "flight_record"), str(timeout_seconds),
-                          log_dir=folder.parent / "logs",
+            return launch(RANKS, str(script), str(folder), str(records), str(timeout_seconds),
+                          log_dir=folder.parent / "logs", env={hangs.FLIGHT_RECORD_VARIABLE: FLIGHT_RECORD_ENTRIES},
                           timeout_seconds=timeout_seconds + LAUNCH_MARGIN_SECONDS)
         except TimeoutError as error:
             print(error)
             return LaunchResult(returncode=-1)
 
-    return judge_launch(folder, start, judge_skipped_batches)
+    check = judge_launch(folder, start, judge_skipped_batches)
+    recorded = hangs.last_collectives(records)
+    if not check.done and not recorded.empty:
+        print(f"each rank's Flight Recorder:\n{recorded.to_string()}\n")
+    return check

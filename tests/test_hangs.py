@@ -1,0 +1,145 @@
+"""Notebook 12's hangs on real gloo ranks: the doctor and py-spy read ranks that really hang, the Flight Recorder
+names the rank that never arrived, DETAIL names a mismatch, every launch ends within its bound and leaves no
+process behind; the exercise's check is fed the script as it was, wrong fixes, a typo and a stale record. The
+scripts are the ones the notebook's ``%%writefile`` cells write."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from course_utils import doctor
+from course_utils.lessons import when_it_breaks
+from course_utils.lessons.exercises import Check
+from course_utils.parallel import hangs, launched_processes
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "12_when_it_breaks.ipynb"
+BOUND_SECONDS = 120  # a scenario's launch, start-up on a busy machine included
+
+
+def _script(name: str) -> str:
+    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.startswith(f"%%writefile {{scripts}}/{name}"):
+            return source.split("\n", 1)[1]
+    raise AssertionError(f"no %%writefile cell of the notebook writes {name}")
+
+
+def _written(tmp_path: Path, name: str, *replacements: tuple[str, str]) -> Path:
+    script = _script(name)
+    for old, new in replacements:
+        assert old in script, f"the notebook's {name} no longer holds {old!r}"
+        script = script.replace(old, new)
+    path = tmp_path / name
+    path.write_text(script)
+    return path
+
+
+def _nothing_left() -> None:
+    """No launcher under this process and no marked process of a launch is still running."""
+    assert not hangs.launchers(os.getpid())
+    marked = [process for process in psutil.process_iter() if launched_processes._same_user(process)
+              and launched_processes._environment(process).get(launched_processes.MARKER)
+              and process.ppid() in {os.getpid(), *[child.pid for child in psutil.Process().children(True)]}]
+    assert not marked
+
+
+def test_the_doctor_finds_the_rank_that_never_arrived_while_it_hangs(tmp_path):
+    script = _written(tmp_path, "hang.py")
+    hang = when_it_breaks.launch_hang(script, "late", "cpu", folder=tmp_path / "late", timeout_seconds=15,
+                                      look=when_it_breaks.doctor_command())
+    screen = hang.looked
+    assert isinstance(screen, str), "the look came after the ranks had gone"
+    assert "rank 0 " in screen and "in all_reduce, at hang.py" in screen, screen
+    assert "rank 1 " in screen and "in no collective, at hang.py" in screen, screen
+    assert "rank(s) 1 never reached the collective" in screen, screen
+    assert hang.seconds < BOUND_SECONDS and not hang.limit_error, hang.limit_error
+    said = hang.said()
+    assert "Timed out" in said.loc[0, "its error"] and "dist.all_reduce(grads)" in said.loc[0, "its script's line"]
+    record = hang.flight_record
+    assert record.loc[0, "collectives enqueued"] > record.loc[1, "collectives enqueued"], record
+    assert record.loc[0, "last collective"] == "gloo:all_reduce" and "hang.py" in record.loc[0, "called at"]
+    _nothing_left()
+
+
+def test_py_spy_reads_each_ranks_stack_and_detail_names_the_mismatched_order(tmp_path):
+    script = _written(tmp_path, "hang.py")
+    hang = when_it_breaks.launch_hang(script, "order", "cpu", folder=tmp_path / "order", timeout_seconds=15,
+                                      detail=True, look=when_it_breaks.stacks)
+    assert set(hang.looked) == {0, 1}
+    assert all("hang.py" in stack for stack in hang.looked.values()), hang.looked
+    errors = " ".join(hang.said()["its error"])
+    assert "Detected mismatch between collectives" in errors and "BROADCAST" in errors and "ALLREDUCE" in errors
+    assert hang.seconds < BOUND_SECONDS
+    _nothing_left()
+
+
+def test_the_doctor_tells_a_mismatch_and_reads_the_log_given(tmp_path):
+    script = _written(tmp_path, "hang.py")
+    log = Path(__file__).parent / "fixtures" / "nccl" / "failures" / "torch_watchdog_timeout.log"
+    hang = when_it_breaks.launch_hang(script, "order", "cpu", folder=tmp_path / "doctor", timeout_seconds=15,
+                                      look=when_it_breaks.doctor_command(log))
+    screen = hang.looked
+    assert isinstance(screen, str) and "in broadcast" in screen and "in all_reduce" in screen, screen
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in screen and "communication log: a collective did not finish" in screen
+    _nothing_left()
+
+
+def test_the_doctor_says_what_to_pass_when_it_cannot_tell_the_job():
+    missing = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", "999999999"],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "no process has pid 999999999" in missing.stderr
+    this = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", str(os.getpid())],
+                          capture_output=True, text=True, timeout=60)
+    assert this.returncode != 0 and "neither a torchrun launcher nor one of its ranks" in this.stderr
+
+
+def test_a_gpu_at_full_utilization_and_idle_power_is_named_as_spinning():
+    spinning = doctor.Reading(0, "GPU", utilization_percent=100, power_watts=90, power_limit_watts=700)
+    working = doctor.Reading(1, "GPU", utilization_percent=100, power_watts=560, power_limit_watts=700)
+    idle = doctor.Reading(2, "GPU", utilization_percent=0, power_watts=60, power_limit_watts=700)
+    assert doctor.spinning_gpus([spinning, working, idle]) == [0]
+
+
+# --- the exercise --------------------------------------------------------------------------------------------
+
+ALONE = "    if loss.item() > LOSS_LIMIT:  # a bad batch: leave it out\n"
+TOGETHER = ("    bad = torch.tensor(float(loss.item() > LOSS_LIMIT))\n"
+            "    dist.all_reduce(bad, op=dist.ReduceOp.MAX)\n"
+            "    if bad.item():\n")
+
+
+def _check(tmp_path: Path, *replacements: tuple[str, str]) -> Check:
+    script = _written(tmp_path, "skip_bad_batches.py", *replacements)
+    return when_it_breaks.check_skipped_batches(script, tmp_path / "exercise")
+
+
+def test_the_script_as_it_was_fails_and_is_not_judged(tmp_path):
+    check = _check(tmp_path)
+    assert not check.done and "failed on rank" in check.text and "Nothing was judged" in check.text, str(check)
+    _nothing_left()
+
+
+def test_agreeing_on_the_skip_is_done_and_a_typo_after_it_is_a_failed_launch_not_the_earlier_record(tmp_path):
+    done = _check(tmp_path, (ALONE, TOGETHER))
+    assert done.done and str(done).startswith("Done: "), str(done)
+    typo = _check(tmp_path, (ALONE, TOGETHER), ("optimizer.step()", "optimizer.stepp()"))
+    assert not typo.done and "Nothing was judged" in typo.text, str(typo)
+
+
+@pytest.mark.parametrize("edits, said", [
+    ([(ALONE, "    if False:\n")], "keep leaving out a bad batch"),
+    ([(ALONE, TOGETHER.replace("dist.all_reduce(bad, op=dist.ReduceOp.MAX)", "dist.broadcast(bad, src=0)"))],
+     "keep leaving out a bad batch"),
+], ids=["the skip taken out", "rank 0 decides for all"])
+def test_wrong_fixes_that_end_cleanly_are_not_yet(tmp_path, edits, said):
+    check = _check(tmp_path, *edits)
+    assert not check.done and said in check.text, str(check)
