@@ -5,7 +5,6 @@ scripts are the ones the notebook's ``%%writefile`` cells write."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from notebook_scripts import written_script
 
 from course_utils import doctor
 from course_utils.lessons import when_it_breaks
@@ -21,20 +21,12 @@ from course_utils.parallel import hangs, launched_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "12_when_it_breaks.ipynb"
+NOTEBOOK = "12_when_it_breaks.ipynb"
 BOUND_SECONDS = 120  # a scenario's launch, start-up on a busy machine included
 
 
-def _script(name: str) -> str:
-    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "code" and source.startswith(f"%%writefile {{scripts}}/{name}"):
-            return source.split("\n", 1)[1]
-    raise AssertionError(f"no %%writefile cell of the notebook writes {name}")
-
-
 def _written(tmp_path: Path, name: str, *replacements: tuple[str, str]) -> Path:
-    script = _script(name)
+    script = written_script(NOTEBOOK, name)
     for old, new in replacements:
         assert old in script, f"the notebook's {name} no longer holds {old!r}"
         script = script.replace(old, new)
