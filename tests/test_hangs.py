@@ -17,7 +17,7 @@ from notebook_scripts import written_script
 from course_utils import doctor
 from course_utils.lessons import when_it_breaks
 from course_utils.lessons.exercises import Check
-from course_utils.parallel import hangs, launched_processes
+from course_utils.parallel import hangs
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -35,54 +35,68 @@ def _written(tmp_path: Path, name: str, *replacements: tuple[str, str]) -> Path:
     return path
 
 
-def _nothing_left() -> None:
-    """No launcher under this process and no marked process of a launch is still running."""
-    assert not hangs.launchers(os.getpid())
-    marked = [process for process in psutil.process_iter() if launched_processes._same_user(process)
-              and launched_processes._environment(process).get(launched_processes.MARKER)
-              and process.ppid() in {os.getpid(), *[child.pid for child in psutil.Process().children(True)]}]
-    assert not marked
+def _watched(look, seen: list[int]):
+    """``look``, recording the pids of torchrun and its ranks it was given, to check afterwards that none is left."""
+    def watching(launcher: int):
+        seen.extend([launcher, *hangs.rank_pids(launcher).values()])
+        return look(launcher)
+    return watching
 
 
-def test_the_doctor_finds_the_rank_that_never_arrived_while_it_hangs(tmp_path):
-    script = _written(tmp_path, "hang.py")
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a zombie not yet reaped holds nothing
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _nothing_left(seen: list[int]) -> None:
+    """torchrun and every rank the look saw have ended."""
+    assert len(seen) == 3, seen  # torchrun and its two ranks were seen
+    assert not [pid for pid in seen if _alive(pid)] and not hangs.launchers(os.getpid())
+
+
+def test_the_doctor_finds_the_rank_that_never_arrived_while_it_hangs_and_reads_the_log_given(tmp_path):
+    script, seen = _written(tmp_path, "hang.py"), []
+    log = Path(__file__).parent / "fixtures" / "nccl" / "failures" / "torch_watchdog_timeout.log"
     hang = when_it_breaks.launch_hang(script, "late", "cpu", folder=tmp_path / "late", timeout_seconds=15,
-                                      look=when_it_breaks.doctor_command())
+                                      look=_watched(when_it_breaks.doctor_command(log), seen))
     screen = hang.looked
     assert isinstance(screen, str), "the look came after the ranks had gone"
     assert "rank 0 " in screen and "in all_reduce, at hang.py" in screen, screen
     assert "rank 1 " in screen and "in no collective, at hang.py" in screen, screen
     assert "rank(s) 1 never reached the collective" in screen, screen
+    assert "communication log: a collective did not finish" in screen, screen
     assert hang.seconds < BOUND_SECONDS and not hang.limit_error, hang.limit_error
     said = hang.said()
     assert "Timed out" in said.loc[0, "its error"] and "dist.all_reduce(grads)" in said.loc[0, "its script's line"]
     record = hang.flight_record
     assert record.loc[0, "collectives enqueued"] > record.loc[1, "collectives enqueued"], record
     assert record.loc[0, "last collective"] == "gloo:all_reduce" and "hang.py" in record.loc[0, "called at"]
-    _nothing_left()
+    _nothing_left(seen)
 
 
-def test_py_spy_reads_each_ranks_stack_and_detail_names_the_mismatched_order(tmp_path):
-    script = _written(tmp_path, "hang.py")
+def test_py_spy_reads_each_ranks_stack_in_mismatched_collectives_and_the_doctor_tells_a_mismatch(tmp_path):
+    script, seen = _written(tmp_path, "hang.py"), []
     hang = when_it_breaks.launch_hang(script, "order", "cpu", folder=tmp_path / "order", timeout_seconds=15,
-                                      detail=True, look=when_it_breaks.stacks)
-    assert set(hang.looked) == {0, 1}
-    assert all("hang.py" in stack for stack in hang.looked.values()), hang.looked
-    errors = " ".join(hang.said()["its error"])
-    assert "Detected mismatch between collectives" in errors and "BROADCAST" in errors and "ALLREDUCE" in errors
+                                      look=_watched(when_it_breaks.stacks, seen))
+    assert set(hang.looked) == {0, 1}, hang.looked
+    looks = [doctor.read_stack(rank, 0, stack, 0.0) for rank, stack in sorted(hang.looked.items())]
+    assert [look.collective for look in looks] == ["all_reduce", "broadcast"], hang.looked
+    assert all(look.script_line.startswith("hang.py:") for look in looks), hang.looked
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in doctor.advise(looks, [], None)[0]
     assert hang.seconds < BOUND_SECONDS
-    _nothing_left()
+    _nothing_left(seen)
 
 
-def test_the_doctor_tells_a_mismatch_and_reads_the_log_given(tmp_path):
-    script = _written(tmp_path, "hang.py")
-    log = Path(__file__).parent / "fixtures" / "nccl" / "failures" / "torch_watchdog_timeout.log"
-    hang = when_it_breaks.launch_hang(script, "order", "cpu", folder=tmp_path / "doctor", timeout_seconds=15,
-                                      look=when_it_breaks.doctor_command(log))
-    screen = hang.looked
-    assert isinstance(screen, str) and "in broadcast" in screen and "in all_reduce" in screen, screen
-    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in screen and "communication log: a collective did not finish" in screen
-    _nothing_left()
+@pytest.mark.parametrize("scenario, named", [("order", "OpType=BROADCAST"), ("shape", "TensorShape=[10]")])
+def test_detail_names_the_mismatch_on_both_ranks(tmp_path, scenario, named):
+    hang = when_it_breaks.launch_hang(_written(tmp_path, "hang.py"), scenario, "cpu", folder=tmp_path / scenario,
+                                      timeout_seconds=15, detail=True)
+    errors = hang.said()["its error"]
+    assert len(errors) == 2 and all("Detected mismatch between collectives" in error for error in errors), errors
+    assert any(named in error for error in errors), errors
+    assert hang.seconds < BOUND_SECONDS and not hangs.launchers(os.getpid())
 
 
 def test_the_doctor_says_what_to_pass_when_it_cannot_tell_the_job():
@@ -117,7 +131,7 @@ def _check(tmp_path: Path, *replacements: tuple[str, str]) -> Check:
 def test_the_script_as_it_was_fails_and_is_not_judged(tmp_path):
     check = _check(tmp_path)
     assert not check.done and "failed on rank" in check.text and "Nothing was judged" in check.text, str(check)
-    _nothing_left()
+    assert not hangs.launchers(os.getpid())
 
 
 def test_agreeing_on_the_skip_is_done_and_a_typo_after_it_is_a_failed_launch_not_the_earlier_record(tmp_path):

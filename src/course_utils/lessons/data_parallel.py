@@ -1,4 +1,4 @@
-"""Notebooks 06, 07, 08, 09, 10 and 11: what the parallel lessons share: where their ranks run, how they
+"""Notebooks 06, 07, 08, 09, 10, 11 and 12: what the parallel lessons share: where their ranks run, how they
 start, how many steps they measure and how much those steps vary, and one device against DataParallel and DDP.
 
 Every row carries its run's images per second iteration by iteration (:mod:`course_utils.observe.noise`), which
