@@ -52,7 +52,7 @@ def launchers(parent: int | None = None) -> list[psutil.Process]:
         except psutil.Error:
             return []
     else:
-        candidates = [process for process in psutil.process_iter() if launched_processes._same_user(process)]
+        candidates = [process for process in psutil.process_iter() if launched_processes.same_user(process)]
     return [process for process in candidates if is_launcher(process)]
 
 
