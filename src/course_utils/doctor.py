@@ -25,7 +25,8 @@ from course_utils.parallel import comm_failures, hangs
 
 COLLECTIVES = {"all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send",
-               "recv", "monitored_barrier", "all_gather_object", "broadcast_object_list", "wait"}
+               "recv", "monitored_barrier", "all_gather_object", "broadcast_object_list", "wait",
+               "synchronize"}  # on a GPU a collective returns at once; the host then waits for the device
 FRAME = re.compile(r"^\s+(?P<function>\S+) \((?P<file>[^():]+):(?P<line>\d+)\)")
 BUSY_PERCENT = 50.0  # a rank's process above this share of one core is computing (or spinning), not waiting
 HUNG_GPU_UTILIZATION = 90.0  # a GPU this busy ...
