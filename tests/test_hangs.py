@@ -6,6 +6,7 @@ scripts are the ones the notebook's ``%%writefile`` cells write."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +106,38 @@ def test_the_doctor_says_what_to_pass_when_it_cannot_tell_the_job():
     assert missing.returncode != 0 and "no process has pid 999999999" in missing.stderr
     this = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", str(os.getpid())],
                           capture_output=True, text=True, timeout=60)
-    assert this.returncode != 0 and "neither a torchrun launcher nor one of its ranks" in this.stderr
+    assert this.returncode != 0 and "neither a torchrun launcher, nor one of its ranks, nor a Slurm" in this.stderr
+
+
+TASK = """import os, subprocess, sys, time
+if os.environ["SLURM_PROCID"] == "0":  # a loader worker of rank 0: same environment, not a rank of its own
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print("ready", flush=True)
+def wait_for_a_file_that_never_comes():
+    time.sleep(120)
+wait_for_a_file_that_never_comes()
+"""
+
+
+def test_the_doctor_finds_the_tasks_of_a_slurm_step_started_without_torchrun(tmp_path):
+    """Processes with the environment srun gives each task (not srun itself, which needs a cluster)."""
+    (tmp_path / "task.py").write_text(TASK)
+    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}
+    tasks = [subprocess.Popen([sys.executable, str(tmp_path / "task.py")], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, **step, "SLURM_PROCID": str(rank)}, start_new_session=True)
+             for rank in (0, 1)]
+    try:
+        assert [task.stdout.readline().strip() for task in tasks] == ["ready", "ready"]
+        assert hangs.slurm_step_ranks(tasks[1].pid) == {0: tasks[0].pid, 1: tasks[1].pid}
+        doctor_said = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", str(tasks[1].pid)],
+                                     capture_output=True, text=True, timeout=120)
+        screen = doctor_said.stdout
+        assert doctor_said.returncode == 0 and "Slurm step 77.0, 2 rank(s)" in screen, doctor_said
+        assert screen.count("in no collective, at task.py:6 in wait_for_a_file_that_never_comes") == 2, screen
+    finally:
+        for task in tasks:
+            os.killpg(task.pid, signal.SIGKILL)
+            task.wait(timeout=30)
 
 
 def test_a_gpu_at_full_utilization_and_idle_power_is_named_as_spinning():

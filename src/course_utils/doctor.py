@@ -1,7 +1,8 @@
-"""The doctor beside a stuck or slow torchrun job, on one screen (notebook 12; a learner runs it in a second terminal).
+"""Notebook 12: the doctor beside a stuck or slow torchrun job or Slurm step, on one screen (a second terminal).
 
     python -m course_utils.doctor                  # this user's torchrun job (when there is one)
     python -m course_utils.doctor --pid 4242       # the job whose torchrun (or one of whose ranks) has pid 4242
+    srun --overlap --jobid JOB --pty python -m course_utils.doctor --pid 4242   # a Slurm step's task 4242
     python -m course_utils.doctor --pid 4242 --log run.log   # and the communication log's verdict
 
 It reads each rank's Python stack (py-spy) and how busy its process is, the devices' utilization and power
@@ -56,7 +57,7 @@ class RankLook:
 class Examination:
     """What the doctor found beside one job."""
 
-    launcher: int
+    job: str  # "torchrun pid N" or "Slurm step J.S"
     ranks: list[RankLook]
     devices: list[Reading] = field(default_factory=list)
     device_kind: str = ""
@@ -64,7 +65,7 @@ class Examination:
     advice: list[str] = field(default_factory=list)
 
     def screen(self, full: bool = False) -> str:
-        lines = [f"doctor: torchrun pid {self.launcher}, {len(self.ranks)} rank(s)"]
+        lines = [f"doctor: {self.job}, {len(self.ranks)} rank(s) on this node"]
         lines += [look.line() for look in self.ranks]
         lines += [_device_line(reading, self.device_kind) for reading in self.devices]
         if self.log_verdict:
@@ -184,25 +185,32 @@ def _devices() -> tuple[list[Reading], str]:
 
 
 def examine(launcher: int, log: Path | None = None, stack_seconds: float = hangs.STACK_SECONDS) -> Examination:
-    """Look at every rank of the torchrun job whose launcher is ``launcher``; read ``log`` if given."""
-    pids = hangs.rank_pids(launcher)
+    """Look at every rank of the job ``launcher`` belongs to (a torchrun launcher, or a Slurm step's task); read
+    ``log`` if given."""
+    if hangs.is_launcher(psutil.Process(launcher)):
+        job, pids = f"torchrun pid {launcher}", hangs.rank_pids(launcher)
+    else:
+        pids = hangs.slurm_step_ranks(launcher)
+        env = psutil.Process(launcher).environ()
+        job = f"Slurm step {env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID')}"
     cpu = _cpu_percents(list(pids.values()))
     ranks = [read_stack(rank, pid, hangs.python_stack(pid, stack_seconds), cpu.get(pid)) for rank, pid in pids.items()]
     devices, kind = _devices()
     diagnosis = comm_failures.diagnose(log.read_text(errors="replace")) if log is not None else None
-    return Examination(launcher, ranks, devices, kind, diagnosis.sentence() if diagnosis else "",
+    return Examination(job, ranks, devices, kind, diagnosis.sentence() if diagnosis else "",
                        advise(ranks, spinning_gpus(devices) if kind != "cpu" else [], diagnosis))
 
 
-def find_launcher(pid: int | None) -> int:
-    """The torchrun launcher to examine: ``pid`` itself, the launcher above a rank's ``pid``, or this user's only
-    torchrun job. A clear error names what to pass otherwise."""
+def find_job(pid: int | None) -> int:
+    """The pid that stands for the job to examine: a torchrun launcher (``pid`` itself, or the one above a rank's
+    ``pid``, or this user's only torchrun job), or a task of a Slurm step (``pid``, started by srun without
+    torchrun). A clear error names what to pass otherwise."""
     if pid is None:
         found = hangs.launchers()
         if len(found) != 1:
             listed = ", ".join(str(process.pid) for process in found) or "none"
-            raise SystemExit(f"doctor: {len(found)} torchrun jobs of yours are running ({listed}); "
-                             "name one with --pid")
+            raise SystemExit(f"doctor: {len(found)} torchrun jobs of yours are running ({listed}); name one with "
+                             "--pid (torchrun's, or any rank's: a Slurm step's task too)")
         return found[0].pid
     try:
         process = psutil.Process(pid)
@@ -212,7 +220,9 @@ def find_launcher(pid: int | None) -> int:
     for candidate in [process, *process.parents()]:
         if hangs.is_launcher(candidate):
             return candidate.pid
-    raise SystemExit(f"doctor: pid {pid} is neither a torchrun launcher nor one of its ranks")
+    if hangs.slurm_step_ranks(pid):
+        return pid
+    raise SystemExit(f"doctor: pid {pid} is neither a torchrun launcher, nor one of its ranks, nor a Slurm step's task")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.log is not None and not args.log.is_file():
         print(f"doctor: cannot read the log {args.log}: no such file", file=sys.stderr)
         return 2
-    print(examine(find_launcher(args.pid), args.log).screen(args.full))
+    print(examine(find_job(args.pid), args.log).screen(args.full))
     return 0
 
 

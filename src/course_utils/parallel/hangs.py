@@ -1,7 +1,8 @@
 """Where each rank of a stuck job stands (notebook 12, and :mod:`course_utils.doctor` beside a learner's job).
 
 Three views of a hang, each from a real tool:
-- the ranks themselves: a torchrun launcher's pid -> its ranks' pids (the ``RANK`` each carries);
+- the ranks themselves: a torchrun launcher's pid -> its ranks' pids (the ``RANK`` each carries), or a Slurm
+  step's tasks on this node (the ``SLURM_PROCID`` each carries);
 - each rank's Python stack, read from outside by py-spy (``py-spy dump --pid``), which needs the right to trace
   the process (ptrace): where it is refused, the reason is said, and the fallback named (``faulthandler``);
 - each rank's Flight Recorder: PyTorch records the collectives every rank enqueued (``TORCH_FR_BUFFER_SIZE``
@@ -63,6 +64,29 @@ def rank_pids(launcher: int) -> dict[int, int]:
     except psutil.Error:
         return {}
     return {rank: pid for pid, rank in sorted(launched_processes.ranks(processes, {launcher}).items())}
+
+
+SLURM_STEP = ("SLURM_JOB_ID", "SLURM_STEP_ID")
+
+
+def slurm_step_ranks(pid: int) -> dict[int, int]:
+    """rank -> pid of the tasks on this node of the Slurm step ``pid`` is a task of (the same job and step ids, a
+    ``SLURM_PROCID`` each, their loader workers left out): a job whose ranks srun starts itself, without torchrun."""
+    try:
+        step = [launched_processes._environment(psutil.Process(pid)).get(name) for name in SLURM_STEP]
+    except psutil.Error:
+        return {}
+    if None in step:
+        return {}
+    tasks: dict[int, tuple[int, int]] = {}  # pid -> (rank, parent's pid)
+    for process in psutil.process_iter():
+        env = launched_processes._environment(process) if launched_processes.same_user(process) else {}
+        if [env.get(name) for name in SLURM_STEP] == step and env.get("SLURM_PROCID", "").isdigit():
+            try:
+                tasks[process.pid] = (int(env["SLURM_PROCID"]), process.ppid())
+            except psutil.Error:
+                continue
+    return {rank: task for task, (rank, parent) in sorted(tasks.items()) if parent not in tasks}
 
 
 def python_stack(pid: int, seconds: float = STACK_SECONDS) -> str:
