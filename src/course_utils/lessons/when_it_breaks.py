@@ -26,6 +26,9 @@ RANKS = 2
 FLIGHT_RECORD_ENTRIES = "200"
 LAUNCH_MARGIN_SECONDS = 90.0  # the launch's limit beyond the script's own timeout: start-up on a busy machine
 ERROR_LINE = re.compile(r"(?:\w+Error|what\(\)):\s*(?P<text>.+)")
+# DETAIL's fingerprints spell out every tensor option; what tells the mismatch is the operation and the shape
+TENSOR_OPTIONS = re.compile(r", TensorDeviceTypes=TensorOptions\(.*?memory_format=\([^)]*\)\)")
+SAID_CHARACTERS = 400
 DOCTOR_SECONDS = 120.0
 STANDING = "standing:"  # what a rank of the lesson's scripts prints just before its fault
 
@@ -45,9 +48,10 @@ class Hang:
         """Rank -> the first error line it printed (gloo's, or PyTorch's), and where its traceback ended."""
         rows = []
         for rank, text in sorted((self.result.rank_logs if self.result else {}).items()):
-            errors = [match["text"].strip() for line in text.splitlines() if (match := ERROR_LINE.search(line))]
+            errors = [TENSOR_OPTIONS.sub("", match["text"]).strip() for line in text.splitlines()
+                      if (match := ERROR_LINE.search(line))]
             calls = re.findall(r'File "[^"]*?([^/"]+\.py)", line (\d+), in <module>\n\S*\s+(.+)', text)
-            rows.append({"rank": rank, "its error": errors[0][:220] if errors else "(none)",
+            rows.append({"rank": rank, "its error": errors[0][:SAID_CHARACTERS] if errors else "(none)",
                          "its script's line": f"{calls[-1][0]}:{calls[-1][1]}  {calls[-1][2].strip()}" if calls
                          else ""})
         return pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame()
