@@ -80,13 +80,14 @@ test-quick: lint
 # venv of its own: what learners on LUMI's and NGC's containers run. It gets every test that starts real processes
 # (torchrun, the training command, Slurm), those marked slow or distributed, and the notebooks whose lessons call
 # PyTorch APIs that changed between the oldest and the pin (OLDEST_NOTEBOOKS): the version check, the profiler's
-# traces, autocast and torch.compile, DDP, DataParallel, FSDP2, torchvision's detectors, DTensor and pipelining.
+# traces, autocast and torch.compile, DDP, DataParallel, FSDP2, torchvision's detectors, DTensor and pipelining,
+# gloo's Flight Recorder and TORCH_DISTRIBUTED_DEBUG's messages.
 # 01, 02, 04 and 08 teach through the training command and the loaders, which those tests run there already (the
 # browser's run of 00-02 stays on the pin too); the unit tests in between run on the pin only. pip's cache serves the second install of the shared packages.
 OLDEST_VENV ?= .venv-oldest
 OLDEST_NOTEBOOKS ?= $(addprefix notebooks/,00_setup.ipynb 03_profiling.ipynb 05_mixed_precision_compile.ipynb \
 	06_dataparallel.ipynb 07_ddp.ipynb 09_sharding_and_memory.ipynb 10_detection_capstone.ipynb \
-	11_tensor_and_pipeline_parallel.ipynb)
+	11_tensor_and_pipeline_parallel.ipynb 12_when_it_breaks.ipynb)
 OLDEST_STAMP := $(OLDEST_VENV)/.installed
 $(OLDEST_STAMP): pyproject.toml src/course_utils/versions.py jobs/course_requirements.py
 	$(PYTHON) -m venv $(OLDEST_VENV)

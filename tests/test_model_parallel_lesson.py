@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from notebook_scripts import written_script
 
 from course_utils import config
 from course_utils.lessons import data_parallel, model_parallel
@@ -18,12 +19,7 @@ NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "11_tensor_and_pipeline_
 
 
 def _script(name: str) -> str:
-    """The script a ``%%writefile {scripts}/NAME`` cell of the notebook writes."""
-    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "code" and source.startswith(f"%%writefile {{scripts}}/{name}\n"):
-            return source.split("\n", 1)[1]
-    raise AssertionError(f"no cell of {NOTEBOOK.name} writes {name}")
+    return written_script(NOTEBOOK.name, name)
 
 
 def _run(tmp_path, name: str, text: str | None = None) -> Path:

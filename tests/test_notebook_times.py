@@ -119,8 +119,8 @@ def test_a_new_figure_makes_the_texts_disagree_until_they_are_written_again(tmp_
 
 def test_rows_of_a_notebook_that_does_not_exist_are_refused(tmp_path):
     root = _copy_of_the_texts(tmp_path)
-    with pytest.raises(ValueError, match="rows of 12_when_it_breaks, which notebooks/ does not have"):
-        time_lines.written(root, [row(notebook="12_when_it_breaks")])
+    with pytest.raises(ValueError, match="rows of 99_no_such_notebook, which notebooks/ does not have"):
+        time_lines.written(root, [row(notebook="99_no_such_notebook")])
 
 
 def test_a_notebook_missing_from_the_readme_table_is_named(tmp_path):

@@ -18,7 +18,7 @@ FLOORS = {
     "shared_folders": 0, "versions": 0,
     "data": 1, "observe": 1, "parallel": 1,
     "training": 2,
-    "train": 3,
+    "train": 3, "doctor": 3,
     "lessons": 4,
 }
 

@@ -73,7 +73,8 @@ class Ending:
         return f"{told}. Every process of the launch has ended"
 
 
-def _same_user(process: psutil.Process) -> bool:
+def same_user(process: psutil.Process) -> bool:
+    """Whether ``process`` runs as this process's user: the only processes a launch ends or the doctor reads."""
     try:
         return process.uids().real == os.getuid()
     except (psutil.Error, AttributeError):  # AttributeError: a system without user ids
@@ -93,7 +94,7 @@ def find(launch_id: str, started: list[subprocess.Popen]) -> list[psutil.Process
     rank that set its own environment would otherwise hide."""
     found: dict[int, psutil.Process] = {}
     for process in psutil.process_iter():
-        if _same_user(process) and _environment(process).get(MARKER) == launch_id:
+        if same_user(process) and _environment(process).get(MARKER) == launch_id:
             found[process.pid] = process
     for launcher in started:
         if launcher.returncode is None:

@@ -1,0 +1,242 @@
+"""Notebook 12: the doctor beside a stuck or slow torchrun job or Slurm step, on one screen (a second terminal).
+
+    python -m course_utils.doctor                  # this user's torchrun job (when there is one)
+    python -m course_utils.doctor --pid 4242       # the job whose torchrun (or one of whose ranks) has pid 4242
+    srun --overlap --jobid JOB --pty python -m course_utils.doctor --pid 4242   # a Slurm step's task 4242
+    python -m course_utils.doctor --pid 4242 --log run.log   # and the communication log's verdict
+
+It reads each rank's Python stack (py-spy) and how busy its process is, the devices' utilization and power
+(notebook 02's monitor), and, given the job's output with ``NCCL_DEBUG=INFO``, the communication library's
+failure (:mod:`course_utils.parallel.comm_failures`); then it says what to try next. It only reads: it never
+stops or signals the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from course_utils.observe.monitor import BackendUnavailable, Reading, open_backend
+from course_utils.parallel import comm_failures, hangs
+
+COLLECTIVES = {"all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send",
+               "recv", "monitored_barrier", "all_gather_object", "broadcast_object_list", "wait",
+               "synchronize"}  # on a GPU a collective returns at once; the host then waits for the device
+FRAME = re.compile(r"^\s+(?P<function>\S+) \((?P<file>[^():]+):(?P<line>\d+)\)")
+BUSY_PERCENT = 50.0  # a rank's process above this share of one core is computing (or spinning), not waiting
+HUNG_GPU_UTILIZATION = 90.0  # a GPU this busy ...
+IDLE_POWER_SHARE = 0.35  # ... that draws less than this share of its power limit spins in a kernel that waits
+CPU_SAMPLE_SECONDS = 0.5
+
+
+@dataclass
+class RankLook:
+    """One rank: its process, how busy it is, and where its Python stands."""
+
+    rank: int
+    pid: int
+    cpu_percent: float | None
+    stack: str
+    collective: str = ""  # the collective its main thread is in, if any
+    script_line: str = ""  # the innermost frame outside PyTorch: the learner's own line
+
+    def line(self) -> str:
+        busy = "?" if self.cpu_percent is None else f"{self.cpu_percent:.0f}%"
+        where = f"in {self.collective}" if self.collective else "in no collective"
+        at = f", at {self.script_line}" if self.script_line else ""
+        return f"rank {self.rank} (pid {self.pid}, CPU {busy}): {where}{at}"
+
+
+@dataclass
+class Examination:
+    """What the doctor found beside one job."""
+
+    job: str  # "torchrun pid N" or "Slurm step J.S"
+    ranks: list[RankLook]
+    devices: list[Reading] = field(default_factory=list)
+    device_kind: str = ""
+    log_verdict: str = ""
+    advice: list[str] = field(default_factory=list)
+
+    def screen(self, full: bool = False) -> str:
+        lines = [f"doctor: {self.job}, {len(self.ranks)} rank(s) on this node"]
+        lines += [look.line() for look in self.ranks]
+        lines += [_device_line(reading, self.device_kind) for reading in self.devices]
+        if self.log_verdict:
+            lines.append(self.log_verdict)
+        lines += ["what to try next:"] + [f"  - {advice}" for advice in self.advice]
+        if full:
+            for look in self.ranks:
+                lines += [f"--- rank {look.rank}: its Python stack (py-spy dump) ---", look.stack]
+        return "\n".join(lines)
+
+
+def _frames(stack: str) -> list[tuple[str, str]]:
+    """(function, file:line) of the thread that runs the script's ``<module>`` (else the first thread), innermost
+    first."""
+    threads, current = [], None
+    for line in stack.splitlines():
+        if line.startswith("Thread "):
+            current = []
+            threads.append(current)
+        elif current is not None and (match := FRAME.match(line)):
+            current.append((match["function"], f"{match['file']}:{match['line']}"))
+    main = next((frames for frames in threads if any(name == "<module>" for name, _ in frames)), None)
+    return main if main is not None else (threads[0] if threads else [])
+
+
+def _in_torch(place: str) -> bool:
+    return place.startswith(("torch/", "distributed_c10d.py", "c10d_logger.py")) or "/torch/" in place
+
+
+def read_stack(rank: int, pid: int, stack: str, cpu_percent: float | None) -> RankLook:
+    """Where one rank stands, from its py-spy dump: the collective it is in and the script's line."""
+    frames = _frames(stack)
+    collective = next((name for name, place in frames if name in COLLECTIVES and _in_torch(place)), "")
+    script = next((f"{place} in {name}" for name, place in frames if not _in_torch(place)), "")
+    return RankLook(rank, pid, cpu_percent, stack, collective, script)
+
+
+def _cpu_percents(pids: list[int]) -> dict[int, float | None]:
+    processes = {}
+    for pid in pids:
+        try:
+            processes[pid] = psutil.Process(pid)
+            processes[pid].cpu_percent(None)
+        except psutil.Error:
+            continue
+    psutil.cpu_percent(CPU_SAMPLE_SECONDS)  # the interval both samples span
+    found: dict[int, float | None] = dict.fromkeys(pids)
+    for pid, process in processes.items():
+        try:
+            found[pid] = process.cpu_percent(None)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _device_line(reading: Reading, kind: str) -> str:
+    if kind == "cpu":
+        return "devices: no GPU here (the ranks run on CPU cores; their CPU use is above)"
+    power = "power ?" if reading.power_watts is None else f"{reading.power_watts:.0f} W"
+    if reading.power_limit_watts:
+        power += f" of {reading.power_limit_watts:.0f} W"
+    utilization = "?" if reading.utilization_percent is None else f"{reading.utilization_percent:.0f}%"
+    return f"device {reading.index} ({reading.name}): utilization {utilization}, {power}"
+
+
+def spinning_gpus(readings: list[Reading]) -> list[int]:
+    """GPUs that report near-full utilization while drawing near-idle power: a kernel that waits (a collective
+    whose peer never came), not one that computes. Utilization counts time a kernel runs; power counts work."""
+    return [reading.index for reading in readings
+            if reading.utilization_percent is not None and reading.utilization_percent >= HUNG_GPU_UTILIZATION
+            and reading.power_watts is not None and reading.power_limit_watts
+            and reading.power_watts < IDLE_POWER_SHARE * reading.power_limit_watts]
+
+
+def advise(ranks: list[RankLook], spinning: list[int], diagnosis: comm_failures.Diagnosis | None) -> list[str]:
+    """What to try next, from where the ranks stand, the devices and the log."""
+    advice = []
+    waiting = [look for look in ranks if look.collective]
+    absent = [look for look in ranks if not look.collective]
+    if diagnosis is not None and diagnosis.cause is not None:
+        advice.append(f"the log names a known failure: {diagnosis.cause.title}; its fix is above")
+    if waiting and absent:
+        names = ", ".join(str(look.rank) for look in absent)
+        advice.append(f"rank(s) {names} never reached the collective the others wait in: read where they stand "
+                      "(`--full` prints each stack); a condition that only some ranks meet (a skipped batch, a "
+                      "rank-0-only branch) is the usual cause")
+    elif waiting and len({(look.collective, look.script_line) for look in waiting}) > 1:
+        advice.append("the ranks wait in different collectives (or at different lines): a mismatch; rerun with "
+                      "TORCH_DISTRIBUTED_DEBUG=DETAIL to have PyTorch name both sides")
+    elif waiting:
+        advice.append("every rank waits in the same collective at the same line: the data never arrives; read the "
+                      "communication log (rerun with NCCL_DEBUG=INFO and give it with --log), check the network "
+                      "and that every node's ranks started")
+    elif ranks and all(look.cpu_percent is not None and look.cpu_percent >= BUSY_PERCENT for look in ranks):
+        advice.append("every rank computes outside collectives: slow, not stuck; profile a step (notebook 03)")
+    elif ranks:
+        advice.append("no rank is in a collective: they wait elsewhere (data loading, a file, a lock); read the "
+                      "script lines above")
+    if spinning:
+        advice.append(f"GPU(s) {', '.join(map(str, spinning))} show high utilization at near-idle power: a "
+                      "collective kernel spinning while it waits for a peer (notebook 02: power does not lie)")
+    advice.append("make the next hang fail by itself: a short process-group timeout "
+                  "(init_process_group(timeout=timedelta(seconds=...))), and TORCH_FR_BUFFER_SIZE=2000 to keep each "
+                  "rank's last collectives (Flight Recorder)")
+    return advice
+
+
+def _devices() -> tuple[list[Reading], str]:
+    try:
+        backend = open_backend("auto")
+    except BackendUnavailable:
+        return [], ""
+    try:
+        return backend.read(), backend.name
+    finally:
+        backend.close()
+
+
+def examine(launcher: int, log: Path | None = None, stack_seconds: float = hangs.STACK_SECONDS) -> Examination:
+    """Look at every rank of the job ``launcher`` belongs to (a torchrun launcher, or a Slurm step's task); read
+    ``log`` if given."""
+    if hangs.is_launcher(psutil.Process(launcher)):
+        job, pids = f"torchrun pid {launcher}", hangs.rank_pids(launcher)
+    else:
+        pids = hangs.slurm_step_ranks(launcher)
+        env = psutil.Process(launcher).environ()
+        job = f"Slurm step {env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID')}"
+    cpu = _cpu_percents(list(pids.values()))
+    ranks = [read_stack(rank, pid, hangs.python_stack(pid, stack_seconds), cpu.get(pid)) for rank, pid in pids.items()]
+    devices, kind = _devices()
+    diagnosis = comm_failures.diagnose(log.read_text(errors="replace")) if log is not None else None
+    return Examination(job, ranks, devices, kind, diagnosis.sentence() if diagnosis else "",
+                       advise(ranks, spinning_gpus(devices) if kind != "cpu" else [], diagnosis))
+
+
+def find_job(pid: int | None) -> int:
+    """The pid that stands for the job to examine: a torchrun launcher (``pid`` itself, or the one above a rank's
+    ``pid``, or this user's only torchrun job), or a task of a Slurm step (``pid``, started by srun without
+    torchrun). A clear error names what to pass otherwise."""
+    if pid is None:
+        found = hangs.launchers()
+        if len(found) != 1:
+            listed = ", ".join(str(process.pid) for process in found) or "none"
+            raise SystemExit(f"doctor: {len(found)} torchrun jobs of yours are running ({listed}); name one with "
+                             "--pid (torchrun's, or any rank's: a Slurm step's task too)")
+        return found[0].pid
+    try:
+        process = psutil.Process(pid)
+    except psutil.Error:
+        raise SystemExit(f"doctor: no process has pid {pid}; `ps -ef | grep torch.distributed.run` lists the "
+                         "torchrun jobs") from None
+    for candidate in [process, *process.parents()]:
+        if hangs.is_launcher(candidate):
+            return candidate.pid
+    if hangs.slurm_step_ranks(pid):
+        return pid
+    raise SystemExit(f"doctor: pid {pid} is neither a torchrun launcher, nor one of its ranks, nor a Slurm step's task")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pid", type=int, help="torchrun's pid, or any rank's (default: your only torchrun job)")
+    parser.add_argument("--log", type=Path, help="the job's output, NCCL_DEBUG=INFO or WARN, all ranks together")
+    parser.add_argument("--full", action="store_true", help="print each rank's whole Python stack too")
+    args = parser.parse_args(argv)
+    if args.log is not None and not args.log.is_file():
+        print(f"doctor: cannot read the log {args.log}: no such file", file=sys.stderr)
+        return 2
+    print(examine(find_job(args.pid), args.log).screen(args.full))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Notebook 12's hangs on real gloo ranks: the doctor and py-spy read ranks that really hang, the Flight Recorder
+names the rank that never arrived, DETAIL names a mismatch, every launch ends within its bound and leaves no
+process behind; the exercise's check is fed the script as it was, wrong fixes, a typo and a stale record. The
+scripts are the ones the notebook's ``%%writefile`` cells write."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from notebook_scripts import written_script
+
+from course_utils import doctor
+from course_utils.lessons import when_it_breaks
+from course_utils.lessons.exercises import Check
+from course_utils.parallel import hangs
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+NOTEBOOK = "12_when_it_breaks.ipynb"
+BOUND_SECONDS = 120  # a scenario's launch, start-up on a busy machine included
+
+
+def _written(tmp_path: Path, name: str, *replacements: tuple[str, str]) -> Path:
+    script = written_script(NOTEBOOK, name)
+    for old, new in replacements:
+        assert old in script, f"the notebook's {name} no longer holds {old!r}"
+        script = script.replace(old, new)
+    path = tmp_path / name
+    path.write_text(script)
+    return path
+
+
+def _watched(look, seen: list[int]):
+    """``look``, recording the pids of torchrun and its ranks it was given, to check afterwards that none is left."""
+    def watching(launcher: int):
+        seen.extend([launcher, *hangs.rank_pids(launcher).values()])
+        return look(launcher)
+    return watching
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a zombie not yet reaped holds nothing
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _nothing_left(seen: list[int]) -> None:
+    """torchrun and every rank the look saw have ended."""
+    assert len(seen) == 3, seen  # torchrun and its two ranks were seen
+    assert not [pid for pid in seen if _alive(pid)] and not hangs.launchers(os.getpid())
+
+
+def test_the_doctor_finds_the_rank_that_never_arrived_while_it_hangs_and_reads_the_log_given(tmp_path):
+    script, seen = _written(tmp_path, "hang.py"), []
+    log = Path(__file__).parent / "fixtures" / "nccl" / "failures" / "torch_watchdog_timeout.log"
+    hang = when_it_breaks.launch_hang(script, "late", "cpu", folder=tmp_path / "late", timeout_seconds=15,
+                                      look=_watched(when_it_breaks.doctor_command(log), seen))
+    screen = hang.looked
+    assert isinstance(screen, str), "the look came after the ranks had gone"
+    assert "rank 0 " in screen and "in all_reduce, at hang.py" in screen, screen
+    assert "rank 1 " in screen and "in no collective, at hang.py" in screen, screen
+    assert "rank(s) 1 never reached the collective" in screen, screen
+    assert "communication log: a collective did not finish" in screen, screen
+    assert hang.seconds < BOUND_SECONDS and not hang.limit_error, hang.limit_error
+    said = hang.said()
+    assert "Timed out" in said.loc[0, "its error"] and "dist.all_reduce(grads)" in said.loc[0, "its script's line"]
+    record = hang.flight_record
+    assert record.loc[0, "collectives enqueued"] > record.loc[1, "collectives enqueued"], record
+    assert record.loc[0, "last collective"] == "gloo:all_reduce" and "hang.py" in record.loc[0, "called at"]
+    _nothing_left(seen)
+
+
+def test_py_spy_reads_each_ranks_stack_in_mismatched_collectives_and_the_doctor_tells_a_mismatch(tmp_path):
+    script, seen = _written(tmp_path, "hang.py"), []
+    hang = when_it_breaks.launch_hang(script, "order", "cpu", folder=tmp_path / "order", timeout_seconds=15,
+                                      look=_watched(when_it_breaks.stacks, seen))
+    assert set(hang.looked) == {0, 1}, hang.looked
+    looks = [doctor.read_stack(rank, 0, stack, 0.0) for rank, stack in sorted(hang.looked.items())]
+    assert [look.collective for look in looks] == ["all_reduce", "broadcast"], hang.looked
+    assert all(look.script_line.startswith("hang.py:") for look in looks), hang.looked
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in doctor.advise(looks, [], None)[0]
+    assert hang.seconds < BOUND_SECONDS
+    _nothing_left(seen)
+
+
+@pytest.mark.parametrize("scenario, named", [("order", "OpType=BROADCAST"), ("shape", "TensorShape=[10]")])
+def test_detail_names_the_mismatch_on_both_ranks(tmp_path, scenario, named):
+    hang = when_it_breaks.launch_hang(_written(tmp_path, "hang.py"), scenario, "cpu", folder=tmp_path / scenario,
+                                      timeout_seconds=15, detail=True)
+    errors = hang.said()["its error"]
+    assert len(errors) == 2 and all("Detected mismatch between collectives" in error for error in errors), errors
+    assert any(named in error for error in errors), errors
+    assert hang.seconds < BOUND_SECONDS and not hangs.launchers(os.getpid())
+
+
+def test_the_doctor_says_what_to_pass_when_it_cannot_tell_the_job():
+    missing = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", "999999999"],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "no process has pid 999999999" in missing.stderr
+    this = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", str(os.getpid())],
+                          capture_output=True, text=True, timeout=60)
+    assert this.returncode != 0 and "neither a torchrun launcher, nor one of its ranks, nor a Slurm" in this.stderr
+
+
+TASK = """import os, subprocess, sys, time
+if os.environ["SLURM_PROCID"] == "0":  # a loader worker of rank 0: same environment, not a rank of its own
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print("ready", flush=True)
+def wait_for_a_file_that_never_comes():
+    time.sleep(120)
+wait_for_a_file_that_never_comes()
+"""
+
+
+def test_the_doctor_finds_the_tasks_of_a_slurm_step_started_without_torchrun(tmp_path):
+    """Processes with the environment srun gives each task (not srun itself, which needs a cluster)."""
+    (tmp_path / "task.py").write_text(TASK)
+    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}
+    tasks = [subprocess.Popen([sys.executable, str(tmp_path / "task.py")], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, **step, "SLURM_PROCID": str(rank)}, start_new_session=True)
+             for rank in (0, 1)]
+    try:
+        assert [task.stdout.readline().strip() for task in tasks] == ["ready", "ready"]
+        assert hangs.slurm_step_ranks(tasks[1].pid) == {0: tasks[0].pid, 1: tasks[1].pid}
+        doctor_said = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", str(tasks[1].pid)],
+                                     capture_output=True, text=True, timeout=120)
+        screen = doctor_said.stdout
+        assert doctor_said.returncode == 0 and "Slurm step 77.0, 2 rank(s)" in screen, doctor_said
+        assert screen.count("in no collective, at task.py:6 in wait_for_a_file_that_never_comes") == 2, screen
+    finally:
+        for task in tasks:
+            os.killpg(task.pid, signal.SIGKILL)
+            task.wait(timeout=30)
+
+
+def test_a_gpu_at_full_utilization_and_idle_power_is_named_as_spinning():
+    spinning = doctor.Reading(0, "GPU", utilization_percent=100, power_watts=90, power_limit_watts=700)
+    working = doctor.Reading(1, "GPU", utilization_percent=100, power_watts=560, power_limit_watts=700)
+    idle = doctor.Reading(2, "GPU", utilization_percent=0, power_watts=60, power_limit_watts=700)
+    assert doctor.spinning_gpus([spinning, working, idle]) == [0]
+
+
+# --- the exercise --------------------------------------------------------------------------------------------
+
+ALONE = "    if loss.item() > LOSS_LIMIT:  # a bad batch: leave it out\n"
+TOGETHER = ("    bad = torch.tensor(float(loss.item() > LOSS_LIMIT))\n"
+            "    dist.all_reduce(bad, op=dist.ReduceOp.MAX)\n"
+            "    if bad.item():\n")
+
+
+def _check(tmp_path: Path, *replacements: tuple[str, str]) -> Check:
+    script = _written(tmp_path, "skip_bad_batches.py", *replacements)
+    return when_it_breaks.check_skipped_batches(script, tmp_path / "exercise")
+
+
+def test_the_script_as_it_was_fails_and_is_not_judged(tmp_path):
+    check = _check(tmp_path)
+    assert not check.done and "failed on rank" in check.text and "Nothing was judged" in check.text, str(check)
+    assert not hangs.launchers(os.getpid())
+
+
+def test_agreeing_on_the_skip_is_done_and_a_typo_after_it_is_a_failed_launch_not_the_earlier_record(tmp_path):
+    done = _check(tmp_path, (ALONE, TOGETHER))
+    assert done.done and str(done).startswith("Done: "), str(done)
+    typo = _check(tmp_path, (ALONE, TOGETHER), ("optimizer.step()", "optimizer.stepp()"))
+    assert not typo.done and "Nothing was judged" in typo.text, str(typo)
+
+
+@pytest.mark.parametrize("edits, said", [
+    ([(ALONE, "    if False:\n")], "keep leaving out a bad batch"),
+    ([(ALONE, TOGETHER.replace("dist.all_reduce(bad, op=dist.ReduceOp.MAX)", "dist.broadcast(bad, src=0)"))],
+     "keep leaving out a bad batch"),
+], ids=["the skip taken out", "rank 0 decides for all"])
+def test_wrong_fixes_that_end_cleanly_are_not_yet(tmp_path, edits, said):
+    check = _check(tmp_path, *edits)
+    assert not check.done and said in check.text, str(check)
