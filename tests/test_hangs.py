@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -181,3 +182,31 @@ def test_agreeing_on_the_skip_is_done_and_a_typo_after_it_is_a_failed_launch_not
 def test_wrong_fixes_that_end_cleanly_are_not_yet(tmp_path, edits, said):
     check = _check(tmp_path, *edits)
     assert not check.done and said in check.text, str(check)
+
+
+def test_a_stack_read_from_a_jupyter_kernel_is_plain_text_the_doctor_can_parse(monkeypatch):
+    """A Jupyter kernel asks every program it starts for colour (these are the variables ipykernel sets), and py-spy
+    then puts terminal codes inside each frame: the doctor read no frame and called a rank in all_reduce 'in no
+    collective'."""
+    for name, value in {"TERM": "xterm-color", "CLICOLOR": "1", "CLICOLOR_FORCE": "1", "FORCE_COLOR": "1"}.items():
+        monkeypatch.setenv(name, value)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\ndef wait():\n    time.sleep(60)\nwait()"])
+    try:
+        time.sleep(1.0)
+        stack = hangs.python_stack(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert "\x1b" not in stack, repr(stack[:300])
+    look = doctor.read_stack(0, sleeper.pid, stack, cpu_percent=0.0)
+    assert look.read and look.script_line == "<string>:3 in wait", look
+
+
+def test_a_stack_that_was_not_read_is_never_taken_for_a_rank_outside_the_collectives():
+    unread = doctor.read_stack(1, 4321, "py-spy could not read pid 4321: Permission denied", cpu_percent=0.0)
+    waiting = doctor.read_stack(0, 1234, 'Thread 1 (idle): "MainThread"\n    all_reduce (torch/distributed/'
+                                         'distributed_c10d.py:3913)\n    <module> (hang.py:38)\n', cpu_percent=0.0)
+    assert "stack not read (py-spy could not read pid 4321" in unread.line()
+    advice = doctor.advise([waiting, unread], [], None)
+    assert any("rank(s) 1: the stack was not read" in line for line in advice), advice
+    assert not any("never reached the collective" in line or "no rank is in a collective" in line for line in advice)

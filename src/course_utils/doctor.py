@@ -46,9 +46,15 @@ class RankLook:
     collective: str = ""  # the collective its main thread is in, if any
     script_line: str = ""  # the innermost frame outside PyTorch: the learner's own line
 
+    @property
+    def read(self) -> bool:
+        """Whether py-spy's dump held frames: else ``stack`` says why it could not be read."""
+        return bool(_frames(self.stack))
+
     def line(self) -> str:
         busy = "?" if self.cpu_percent is None else f"{self.cpu_percent:.0f}%"
-        where = f"in {self.collective}" if self.collective else "in no collective"
+        where = (f"in {self.collective}" if self.collective else "in no collective" if self.read
+                 else f"stack not read ({self.stack.splitlines()[0] if self.stack else 'py-spy printed nothing'})")
         at = f", at {self.script_line}" if self.script_line else ""
         return f"rank {self.rank} (pid {self.pid}, CPU {busy}): {where}{at}"
 
@@ -142,7 +148,12 @@ def spinning_gpus(readings: list[Reading]) -> list[int]:
 
 def advise(ranks: list[RankLook], spinning: list[int], diagnosis: comm_failures.Diagnosis | None) -> list[str]:
     """What to try next, from where the ranks stand, the devices and the log."""
-    advice = []
+    advice: list[str] = []
+    unread = [look for look in ranks if not look.read]
+    ranks = [look for look in ranks if look.read]  # a stack py-spy could not read says nothing about its rank
+    if unread:
+        advice.append(f"rank(s) {', '.join(str(look.rank) for look in unread)}: the stack was not read (the reason "
+                      "is above); run the doctor again, or `py-spy dump --pid PID` by hand")
     waiting = [look for look in ranks if look.collective]
     absent = [look for look in ranks if not look.collective]
     if diagnosis is not None and diagnosis.cause is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,9 @@ from course_utils.parallel import launched_processes
 FLIGHT_RECORD_PREFIX = "rank_"  # the file names torchfrtrace, PyTorch's analyser, expects: rank_0, rank_1...
 FLIGHT_RECORD_VARIABLE = "TORCH_FR_BUFFER_SIZE"
 STACK_SECONDS = 20.0  # py-spy's longest look at one process
+# py-spy colours its dump where the environment asks for colour (a Jupyter kernel sets FORCE_COLOR): the codes
+# would sit inside every frame a reader parses.
+TERMINAL_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 TORCHRUN = ("torch.distributed.run", "torchrun")
 
 
@@ -105,7 +109,7 @@ def python_stack(pid: int, seconds: float = STACK_SECONDS) -> str:
         return (f"py-spy could not read pid {pid}: {reason}. Tracing another process needs ptrace: run as the "
                 "process's user, with kernel.yama.ptrace_scope 0 or 1 (or CAP_SYS_PTRACE in a container); "
                 "else use faulthandler (kill -USR1 on a script that registered it)")
-    return done.stdout.strip()
+    return TERMINAL_COLOURS.sub("", done.stdout).strip()
 
 
 def innermost_line(stack: str) -> str:
