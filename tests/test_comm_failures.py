@@ -130,3 +130,4 @@ def test_the_command_line_prints_the_sentence(tmp_path, capsys):
     assert comm_failures.main([str(log)]) == 0
     assert capsys.readouterr().out.startswith("communication log: a collective did not finish")
     assert comm_failures.main([str(tmp_path / "missing.log")]) == 2
+
