@@ -206,7 +206,9 @@ def test_a_second_run_in_a_held_folder_refuses_and_a_dead_holder_does_not_block(
             assert first.poll() is None and time.monotonic() < deadline, "the first run never took the folder"
             time.sleep(0.2)
         with pytest.raises(FolderInUse, match=f"{tmp_path} is in use by the run of process {first.pid} on "):
-            train(size="ci", data_dir=str(tiny_root), out=str(tmp_path), max_steps=2, progress=False, device="cpu")
+            train(size="ci", data_dir=str(tiny_root), out=str(tmp_path), max_steps=2, progress=False, device="cpu",
+                  monitor="cpu")
+        assert not run.monitor.exists(), "the refused run sampled into the other run's folder"
     finally:
         first.kill()
         first.wait()
