@@ -131,12 +131,13 @@ def stop_with_the_others(timeout_seconds: float = 10.0) -> None:
     same error a moment later (a folder in use, a full disk during a collective save) is killed before it says
     so. A rank that failed alone waits the whole time and then leaves; the store outlives the process group.
     """
-    if _store is None or placement().world_size < 2:
+    ranks = placement().world_size
+    if _store is None or ranks < 2:
         return
     deadline = time.monotonic() + timeout_seconds
     try:
         _store.add("stopped", 1)
-        while _store.add("stopped", 0) < placement().world_size and time.monotonic() < deadline:
+        while _store.add("stopped", 0) < ranks and time.monotonic() < deadline:
             time.sleep(0.05)
     except (RuntimeError, OSError):  # rank 0, whose process held the store, has left already
         return
