@@ -7,7 +7,6 @@ import time
 import pytest
 import torch
 
-from course_utils.lessons.crash_restart import RankKiller
 from course_utils.parallel.launch import launch
 from course_utils.training.options import to_flags
 
@@ -22,11 +21,9 @@ def _options(tiny_root, out, **extra):
 
 def test_a_dead_rank_ends_the_job_quickly_and_is_named(tiny_root, tmp_path):
     out = tmp_path / "run"
-    killer = RankKiller(1, out, step=4)
     start = time.monotonic()
-    result = launch(2, "course_utils.train", *_options(tiny_root, out), log_dir=tmp_path / "logs", echo=False,
-                    timeout_seconds=300)
-    killer.check()
+    result = launch(2, "course_utils.train", *_options(tiny_root, out, crash_at_step=4), log_dir=tmp_path / "logs",
+                    echo=False, timeout_seconds=300)
     assert not result.ok
     assert time.monotonic() - start < 120  # rank 0 did not wait out the 600 s collective timeout
     text = "\n".join(result.lines)
@@ -39,10 +36,8 @@ def test_torchrun_restarts_from_the_last_checkpoint(tiny_root, tmp_path, run_wei
                        log_dir=tmp_path / "reference-logs", echo=False, timeout_seconds=300)
     assert reference.ok
     out = tmp_path / "run"
-    killer = RankKiller(1, out, step=8)
-    result = launch(2, "course_utils.train", *_options(tiny_root, out, resume="auto"), log_dir=tmp_path / "logs",
-                    echo=False, timeout_seconds=300, max_restarts=1)
-    killer.check()
+    result = launch(2, "course_utils.train", *_options(tiny_root, out, resume="auto", crash_at_step=7),
+                    log_dir=tmp_path / "logs", echo=False, timeout_seconds=300, max_restarts=1)
     assert result.ok, "\n".join(result.lines[-30:])
     assert any("resuming from" in line for line in result.lines)
     final, expected = run_weights(out), run_weights(tmp_path / "reference")

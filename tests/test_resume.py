@@ -128,6 +128,9 @@ def test_both_stop_signals_are_caught_while_training_and_restored_after():
         os.kill(os.getpid(), signal.SIGUSR1)
         assert signals.received == "SIGUSR1"
     assert signal.getsignal(signal.SIGTERM) is before
+    assert preemption.received_while_training() == "SIGUSR1"  # read after the loop failed: wait for no rank
+    with StopSignals():
+        assert preemption.received_while_training() is None  # a new run starts unsignalled
 
 
 @pytest.mark.slow

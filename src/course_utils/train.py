@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (OSError, ValueError, RuntimeError, KeyError, EOFError, subprocess.SubprocessError) as error:
         print(f"error: {describe_error(error)}", file=sys.stderr, flush=True)
-        process_group.stop_with_the_others()
+        if preemption.received_while_training() != "SIGTERM":  # else torchrun is ending every rank already
+            process_group.stop_with_the_others()
         return 1
     if process_group.placement().is_main:
         print(f"{summary['images_per_second']:.0f} images/s in steady state, {score_line(summary)}; "

@@ -21,6 +21,7 @@ import torch
 from course_utils import devices
 from course_utils.observe.memory import StepMemory, measure_step
 from course_utils.parallel.collectives import mean_over_ranks
+from course_utils.training import fault_drill
 from course_utils.training.evaluate import evaluate_run
 from course_utils.training.observers import Observers
 from course_utils.training.resume import RunState
@@ -37,6 +38,7 @@ class Loop:
     def __init__(self, setup: Setup) -> None:
         self.setup, self.cfg = setup, setup.cfg
         self.plan = Plan.of(setup)
+        fault_drill.refuse_unreachable(self.cfg.crash_at_step, self.plan)
         self.scheduler = scheduler(setup, self.plan)
         self.state = RunState(setup, self.scheduler)
         self.life = RunLife(setup, self.plan, self.state)
@@ -96,6 +98,7 @@ class Loop:
             log_point = position.step % self.cfg.log_every == 0 or self._epoch_done()
             if log_point:  # log: reading the loss waits for the device, so only every --log-every steps
                 self.log.log_point(position, self.scheduler.get_last_lr()[0])
+            fault_drill.crash_if_due(self.cfg.crash_at_step, position.step, setup.where)  # notebook 12's crash
             if self._epoch_done():
                 break  # the epoch's end checkpoints in run(), before its evaluation
             stop = self.life.stop_requested(log_point)  # SIGTERM, SIGUSR1 or Ctrl-C; under DDP, on any rank

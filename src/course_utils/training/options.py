@@ -125,6 +125,10 @@ class TrainOptions:
     resume: str | None = option(None, "continue from a checkpoint: auto takes the newest in --out's checkpoints/ "
                                 "(starting fresh if there is none), PATH a given file or a sharded checkpoint's "
                                 ".dcp folder", metavar="auto|PATH")
+    crash_at_step: int | None = option(None, "fault drill (notebook 12): the last rank kills itself with SIGKILL once "
+                                       "step N is trained and logged, as the out-of-memory killer would; on the "
+                                       "job's first attempt only, so that torchrun's restart runs on",
+                                       metavar="N", at_least=1)
     keep_checkpoints: int = option(2, "keep the newest K checkpoints", metavar="K", at_least=1)
     overwrite: bool = option(False, "start a new run in an --out whose run did not finish (preempted, stopped or "
                              "crashed), deleting its checkpoints; without it such a run refuses to start there")

@@ -21,6 +21,13 @@ from course_utils.run_folder import RunFolder
 
 EXIT_CODE = 99  # "checkpointed after a stop signal: resume me"
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+_last_received: str | None = None  # by the latest StopSignals of this process
+
+
+def received_while_training() -> str | None:
+    """The stop signal this process's latest training loop recorded, if any. A rank that fails after torchrun sent
+    it SIGTERM (another rank died) does not wait for the others to report: torchrun is ending them already."""
+    return _last_received
 
 
 class Preempted(Exception):
@@ -39,12 +46,15 @@ class StopSignals:
     def _handle(self, number: int, frame: FrameType | None) -> None:
         if number == signal.SIGINT and self.received == "SIGINT":
             raise KeyboardInterrupt  # the second Ctrl-C: stop now
-        self.received = signal.Signals(number).name
+        global _last_received
+        self.received = _last_received = signal.Signals(number).name
         if number == signal.SIGINT and self.announce:
             print("Ctrl-C: stopping after this step, with a checkpoint; press Ctrl-C again to stop at once "
                   "without one", file=sys.stderr, flush=True)
 
     def __enter__(self) -> StopSignals:
+        global _last_received
+        _last_received = None
         if threading.current_thread() is threading.main_thread():
             for number in SIGNALS:
                 self._previous[number] = signal.signal(number, self._handle)
