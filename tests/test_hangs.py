@@ -67,7 +67,7 @@ def test_the_doctor_finds_the_rank_that_never_arrived_while_it_hangs_and_reads_t
     assert isinstance(screen, str), "the look came after the ranks had gone"
     assert "rank 0 " in screen and "in all_reduce, at hang.py" in screen, screen
     assert "rank 1 " in screen and "in no collective, at hang.py" in screen, screen
-    assert "rank(s) 1 never reached the collective" in screen, screen
+    assert "rank(s) 1 never reached the all_reduce the others wait in and stood still at all 3 looks" in screen, screen
     assert "communication log: a collective did not finish" in screen, screen
     assert hang.seconds < BOUND_SECONDS and not hang.limit_error, hang.limit_error
     said = hang.said()
@@ -210,3 +210,24 @@ def test_a_stack_that_was_not_read_is_never_taken_for_a_rank_outside_the_collect
     advice = doctor.advise([waiting, unread], [], None)
     assert any("rank(s) 1: the stack was not read" in line for line in advice), advice
     assert not any("never reached the collective" in line or "no rank is in a collective" in line for line in advice)
+
+
+def test_the_doctor_shows_the_gpus_the_jobs_ranks_were_given_not_the_whole_shared_node():
+    """One GCD per attendee on a LUMI node: the other seven are other people's, busy or idle."""
+    ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "ROCR_VISIBLE_DEVICES": str(gpu)}) for gpu in (2, 3)]
+    try:
+        gpus = doctor.job_gpus(doctor._rank_environments([rank.pid for rank in ranks]))
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    assert gpus == ({2, 3}, "ROCR_VISIBLE_DEVICES")
+    node = [doctor.Reading(index, "AMD Instinct MI250X") for index in range(8)]
+    shown, line = doctor.the_jobs(node, gpus)
+    assert [reading.index for reading in shown] == [2, 3]
+    assert line == "devices: the job's GPU(s) 2, 3 (its ranks' ROCR_VISIBLE_DEVICES), of the node's 8"
+    assert doctor.the_jobs(node, doctor.job_gpus([{"CUDA_VISIBLE_DEVICES": "GPU-5e8f"}])) == (node, "")
+    assert doctor.job_gpus([{"CUDA_VISIBLE_DEVICES": "0"}, {}]) is None  # one rank sees them all
+    shown, line = doctor.the_jobs(node, ({9}, "CUDA_VISIBLE_DEVICES"))
+    assert shown == node and "which the monitor does not list" in line

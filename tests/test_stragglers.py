@@ -1,9 +1,13 @@
 """Notebook 12's straggler finder on real ranks: alike, no straggler is named; then with one rank's loader slowed,
 that rank is named with what it cost the other."""
 
+import os
+
 import pytest
 
-from course_utils.lessons import stragglers
+from course_utils.lessons import stragglers, when_it_breaks
+from course_utils.parallel import hangs
+from course_utils.parallel.launch import LaunchResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # torchrun and two gloo ranks in every test
 
@@ -33,3 +37,22 @@ def test_records_an_earlier_launch_left_are_never_read(tmp_path):
     assert not list(out.glob("rank-*.json"))
     with pytest.raises(FileNotFoundError, match="run the cell"):
         stragglers.read_ranks(out)
+
+
+def test_the_doctor_beside_a_straggler_says_late_not_lost(tmp_path):
+    """One look would find rank 1 in its loader's sleep, outside the all-reduce rank 0 waits in, exactly as a rank
+    that never arrives; over several looks its step counter moves, and the doctor names a straggler instead."""
+
+    def training() -> bool:  # every rank has reached its steps (past its start-up)
+        found = hangs.launchers(os.getpid())
+        ranks = hangs.rank_pids(found[0].pid) if found else {}
+        return len(ranks) == 2 and all(" train (" in hangs.python_stack(pid) for pid in ranks.values())
+
+    looked = hangs.beside(lambda: stragglers.run(2, tmp_path / "ranks", slow_rank=1, delay_ms=250, steps=60),
+                          when_it_breaks.doctor_command(), training, wait_seconds=120)
+    assert isinstance(looked.outcome, LaunchResult) and looked.outcome.ok, looked.outcome
+    screen = looked.found
+    assert isinstance(screen, str), "the ranks had finished before the doctor looked"
+    assert "rank 1 " in screen and "in no collective" in screen and "moving (" in screen, screen
+    assert "rank(s) 1 move between looks while the others wait in all_reduce" in screen, screen
+    assert "never reached" not in screen, screen

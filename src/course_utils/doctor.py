@@ -9,6 +9,11 @@ It reads each rank's Python stack (py-spy) and how busy its process is, the devi
 (notebook 02's monitor), and, given the job's output with ``NCCL_DEBUG=INFO``, the communication library's
 failure (:mod:`course_utils.parallel.comm_failures`); then it says what to try next. It only reads: it never
 stops or signals the job.
+
+One look cannot tell a stuck rank from a slow one: a straggler whose loader sleeps most of each step stands at
+the same line as a rank that never leaves it. So the doctor looks several times (``--looks``), with each frame's
+local variables: a rank whose stack or locals (its step counter) change between looks moves; one that shows the
+same every time stands still.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,11 +35,13 @@ COLLECTIVES = {"all_reduce", "broadcast", "barrier", "all_gather", "all_gather_i
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send",
                "recv", "monitored_barrier", "all_gather_object", "broadcast_object_list", "wait",
                "synchronize"}  # on a GPU a collective returns at once; the host then waits for the device
-FRAME = re.compile(r"^\s+(?P<function>\S+) \((?P<file>[^():]+):(?P<line>\d+)\)")
+FRAME = re.compile(r"^ {4}(?P<function>\S+) \((?P<file>[^():]+):(?P<line>\d+)\)")  # deeper: its locals
 BUSY_PERCENT = 50.0  # a rank's process above this share of one core is computing (or spinning), not waiting
 HUNG_GPU_UTILIZATION = 90.0  # a GPU this busy ...
 IDLE_POWER_SHARE = 0.35  # ... that draws less than this share of its power limit spins in a kernel that waits
-CPU_SAMPLE_SECONDS = 0.5
+CPU_SAMPLE_SECONDS = 0.5  # the shortest span a process's CPU share is measured over
+LOOKS = 3
+LOOK_EVERY_SECONDS = 1.0
 
 
 @dataclass
@@ -45,18 +54,27 @@ class RankLook:
     stack: str
     collective: str = ""  # the collective its main thread is in, if any
     script_line: str = ""  # the innermost frame outside PyTorch: the learner's own line
+    looks: int = 1  # how many of its stacks were read
+    places: int = 1  # how many of them differ (frames and locals): more than one, it moves
 
     @property
     def read(self) -> bool:
         """Whether py-spy's dump held frames: else ``stack`` says why it could not be read."""
         return bool(_frames(self.stack))
 
+    @property
+    def moving(self) -> bool:
+        return self.places > 1
+
     def line(self) -> str:
         busy = "?" if self.cpu_percent is None else f"{self.cpu_percent:.0f}%"
         where = (f"in {self.collective}" if self.collective else "in no collective" if self.read
                  else f"stack not read ({self.stack.splitlines()[0] if self.stack else 'py-spy printed nothing'})")
         at = f", at {self.script_line}" if self.script_line else ""
-        return f"rank {self.rank} (pid {self.pid}, CPU {busy}): {where}{at}"
+        seen = ("" if self.looks < 2 or not self.read else
+                f"; moving ({self.places} different stacks in {self.looks} looks)" if self.moving
+                else f"; still (the same stack at all {self.looks} looks)")
+        return f"rank {self.rank} (pid {self.pid}, CPU {busy}): {where}{at}{seen}"
 
 
 @dataclass
@@ -67,12 +85,14 @@ class Examination:
     ranks: list[RankLook]
     devices: list[Reading] = field(default_factory=list)
     device_kind: str = ""
+    devices_shown: str = ""  # which of the node's GPUs are the job's
     log_verdict: str = ""
     advice: list[str] = field(default_factory=list)
 
     def screen(self, full: bool = False) -> str:
         lines = [f"doctor: {self.job}, {len(self.ranks)} rank(s) on this node"]
         lines += [look.line() for look in self.ranks]
+        lines += [self.devices_shown] if self.devices_shown else []
         lines += [_device_line(reading, self.device_kind) for reading in self.devices]
         if self.log_verdict:
             lines.append(self.log_verdict)
@@ -83,18 +103,25 @@ class Examination:
         return "\n".join(lines)
 
 
-def _frames(stack: str) -> list[tuple[str, str]]:
-    """(function, file:line) of the thread that runs the script's ``<module>`` (else the first thread), innermost
-    first."""
-    threads, current = [], None
+def _main_thread(stack: str) -> list[str]:
+    """The lines of the thread that runs the script's ``<module>`` (else the first thread): frames and locals."""
+    threads: list[list[str]] = []
     for line in stack.splitlines():
         if line.startswith("Thread "):
-            current = []
-            threads.append(current)
-        elif current is not None and (match := FRAME.match(line)):
-            current.append((match["function"], f"{match['file']}:{match['line']}"))
-    main = next((frames for frames in threads if any(name == "<module>" for name, _ in frames)), None)
-    return main if main is not None else (threads[0] if threads else [])
+            threads.append([])
+        elif threads and line.startswith("    "):
+            threads[-1].append(line)
+
+    def runs_the_script(thread: list[str]) -> bool:
+        return any((match := FRAME.match(line)) and match["function"] == "<module>" for line in thread)
+
+    return next((thread for thread in threads if runs_the_script(thread)), threads[0] if threads else [])
+
+
+def _frames(stack: str) -> list[tuple[str, str]]:
+    """(function, file:line) of the main thread's frames, innermost first."""
+    return [(match["function"], f"{match['file']}:{match['line']}")
+            for line in _main_thread(stack) if (match := FRAME.match(line))]
 
 
 def _in_torch(place: str) -> bool:
@@ -109,7 +136,23 @@ def read_stack(rank: int, pid: int, stack: str, cpu_percent: float | None) -> Ra
     return RankLook(rank, pid, cpu_percent, stack, collective, script)
 
 
-def _cpu_percents(pids: list[int]) -> dict[int, float | None]:
+def read_looks(rank: int, pid: int, stacks: list[str], cpu_percent: float | None) -> RankLook:
+    """Where one rank stands over several looks: the collective it was in at most of them (a rank caught on its
+    way into a collective is still waiting there), and whether it moved between them."""
+    readable = [stack for stack in stacks if _frames(stack)]
+    if not readable:
+        return read_stack(rank, pid, stacks[-1] if stacks else "", cpu_percent)
+    looks = [read_stack(rank, pid, stack, cpu_percent) for stack in readable]
+    collective, count = Counter(look.collective for look in looks).most_common(1)[0]
+    if collective and 2 * count <= len(looks):
+        collective = ""  # in a collective at half the looks or fewer: it does not wait there
+    shown = next(look for look in reversed(looks) if bool(look.collective) == bool(collective))
+    places = len({tuple(_main_thread(stack)) for stack in readable})
+    return RankLook(rank, pid, cpu_percent, shown.stack, shown.collective, shown.script_line, len(readable), places)
+
+
+def _processes(pids: list[int]) -> dict[int, psutil.Process]:
+    """The ranks' processes, their CPU counters started."""
     processes = {}
     for pid in pids:
         try:
@@ -117,13 +160,17 @@ def _cpu_percents(pids: list[int]) -> dict[int, float | None]:
             processes[pid].cpu_percent(None)
         except psutil.Error:
             continue
-    psutil.cpu_percent(CPU_SAMPLE_SECONDS)  # the interval both samples span
-    found: dict[int, float | None] = dict.fromkeys(pids)
+    return processes
+
+
+def _cpu_percents(processes: dict[int, psutil.Process]) -> dict[int, float | None]:
+    """Each process's share of one core since :func:`_processes` (None: it has gone)."""
+    found: dict[int, float | None] = {}
     for pid, process in processes.items():
         try:
             found[pid] = process.cpu_percent(None)
         except psutil.Error:
-            continue
+            found[pid] = None
     return found
 
 
@@ -159,17 +206,19 @@ def advise(ranks: list[RankLook], spinning: list[int], diagnosis: comm_failures.
     if diagnosis is not None and diagnosis.cause is not None:
         advice.append(f"the log names a known failure: {diagnosis.cause.title}; its fix is above")
     if waiting and absent:
-        names = ", ".join(str(look.rank) for look in absent)
-        advice.append(f"rank(s) {names} never reached the collective the others wait in: read where they stand "
-                      "(`--full` prints each stack); a condition that only some ranks meet (a skipped batch, a "
-                      "rank-0-only branch) is the usual cause")
+        advice += _absent_advice(absent, waiting[0].collective)
     elif waiting and len({(look.collective, look.script_line) for look in waiting}) > 1:
         advice.append("the ranks wait in different collectives (or at different lines): a mismatch; rerun with "
                       "TORCH_DISTRIBUTED_DEBUG=DETAIL to have PyTorch name both sides")
+    elif waiting and all(look.moving for look in waiting):
+        advice.append("every rank is in the same collective at most looks but moves between them: slow "
+                      "communication, not a hang; time the all-reduce against the step (notebook 07)")
     elif waiting:
         advice.append("every rank waits in the same collective at the same line: the data never arrives; read the "
                       "communication log (rerun with NCCL_DEBUG=INFO and give it with --log), check the network "
                       "and that every node's ranks started")
+    elif ranks and all(look.moving for look in ranks):
+        advice.append("every rank moves outside collectives: slow, not stuck; profile a step (notebook 03)")
     elif ranks and all(look.cpu_percent is not None and look.cpu_percent >= BUSY_PERCENT for look in ranks):
         advice.append("every rank computes outside collectives: slow, not stuck; profile a step (notebook 03)")
     elif ranks:
@@ -178,10 +227,73 @@ def advise(ranks: list[RankLook], spinning: list[int], diagnosis: comm_failures.
     if spinning:
         advice.append(f"GPU(s) {', '.join(map(str, spinning))} show high utilization at near-idle power: a "
                       "collective kernel spinning while it waits for a peer (notebook 02: power does not lie)")
-    advice.append("make the next hang fail by itself: a short process-group timeout "
-                  "(init_process_group(timeout=timedelta(seconds=...))), and TORCH_FR_BUFFER_SIZE=2000 to keep each "
-                  "rank's last collectives (Flight Recorder)")
+    if any(not look.moving for look in ranks):  # something stands still: a hang, or one look only
+        advice.append("make the next hang fail by itself: a short process-group timeout "
+                      "(init_process_group(timeout=timedelta(seconds=...))), and TORCH_FR_BUFFER_SIZE=2000 to keep "
+                      "each rank's last collectives (Flight Recorder)")
     return advice
+
+
+def _absent_advice(absent: list[RankLook], collective: str) -> list[str]:
+    """The ranks outside the collective the others wait in: still ones never reached it, moving ones are late."""
+    still, moving = [look for look in absent if not look.moving], [look for look in absent if look.moving]
+    advice = []
+    if still:
+        looked = (f" and stood still at all {min(look.looks for look in still)} looks" if still[0].looks > 1
+                  else " (one look only: look again, or use --looks 3, to tell a stuck rank from a slow one)")
+        advice.append(f"rank(s) {_names(still)} never reached the {collective} the others wait in{looked}: read "
+                      "where they stand (`--full` prints each stack); a condition that only some ranks meet (a "
+                      "skipped batch, a rank-0-only branch) is the usual cause")
+    if moving:
+        advice.append(f"rank(s) {_names(moving)} move between looks while the others wait in {collective}: late, "
+                      "not lost, a straggler that every step waits for; compare each rank's step times (notebook "
+                      "12, section 4) and what slows it: its loader, its CPU cores, its device")
+    return advice
+
+
+def _names(looks: list[RankLook]) -> str:
+    return ", ".join(str(look.rank) for look in looks)
+
+
+# Where a job's GPUs are named: ROCm's physical indices first (HIP's count within them), then CUDA's.
+VISIBLE_VARIABLES = ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def job_gpus(environments: list[dict[str, str]]) -> tuple[set[int], str] | None:
+    """The node's GPU indices the job's ranks were given, and the variable that gave them; None when a rank sees
+    every GPU (no variable) or names its GPUs otherwise (UUIDs): then all of the node's are shown."""
+    found: set[int] = set()
+    named = ""
+    for env in environments:
+        named = next((name for name in VISIBLE_VARIABLES if name in env), "")
+        given = [part.strip() for part in env.get(named, "").split(",") if part.strip()]
+        if not given or not all(part.isdigit() for part in given):
+            return None
+        found |= {int(part) for part in given}
+    return (found, named) if environments else None
+
+
+def _rank_environments(pids: list[int]) -> list[dict[str, str]]:
+    environments = []
+    for pid in pids:
+        try:
+            environments.append(psutil.Process(pid).environ())
+        except psutil.Error:
+            continue
+    return environments
+
+
+def the_jobs(readings: list[Reading], gpus: tuple[set[int], str] | None) -> tuple[list[Reading], str]:
+    """The readings of the job's own GPUs (a shared node holds other people's), and a line saying which."""
+    if gpus is None or not readings:
+        return readings, ""
+    indices, variable = gpus
+    own = [reading for reading in readings if reading.index in indices]
+    listed = ", ".join(map(str, sorted(indices)))
+    if not own:
+        return readings, (f"devices: the ranks' {variable} names GPU(s) {listed}, which the monitor does not list; "
+                          "all of the node's are shown")
+    return own, f"devices: the job's GPU(s) {listed} (its ranks' {variable}), of the node's {len(readings)}"
 
 
 def _devices() -> tuple[list[Reading], str]:
@@ -195,20 +307,32 @@ def _devices() -> tuple[list[Reading], str]:
         backend.close()
 
 
-def examine(launcher: int, log: Path | None = None, stack_seconds: float = hangs.STACK_SECONDS) -> Examination:
-    """Look at every rank of the job ``launcher`` belongs to (a torchrun launcher, or a Slurm step's task); read
-    ``log`` if given."""
+def examine(launcher: int, log: Path | None = None, stack_seconds: float = hangs.STACK_SECONDS, looks: int = LOOKS,
+            every_seconds: float = LOOK_EVERY_SECONDS) -> Examination:
+    """Look ``looks`` times, ``every_seconds`` apart, at every rank of the job ``launcher`` belongs to (a torchrun
+    launcher, or a Slurm step's task); read ``log`` if given."""
     if hangs.is_launcher(psutil.Process(launcher)):
         job, pids = f"torchrun pid {launcher}", hangs.rank_pids(launcher)
     else:
         pids = hangs.slurm_step_ranks(launcher)
         env = psutil.Process(launcher).environ()
         job = f"Slurm step {env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID')}"
-    cpu = _cpu_percents(list(pids.values()))
-    ranks = [read_stack(rank, pid, hangs.python_stack(pid, stack_seconds), cpu.get(pid)) for rank, pid in pids.items()]
+    processes, began = _processes(list(pids.values())), time.monotonic()
+    stacks: dict[int, list[str]] = {rank: [] for rank in pids}
+    for look in range(looks):
+        if look:
+            time.sleep(every_seconds)
+        for rank, pid in pids.items():
+            stacks[rank].append(hangs.python_stack(pid, stack_seconds, with_locals=looks > 1))
+    time.sleep(max(0.0, CPU_SAMPLE_SECONDS - (time.monotonic() - began)))
+    cpu = _cpu_percents(processes)
+    ranks = [read_looks(rank, pid, stacks[rank], cpu.get(pid)) for rank, pid in pids.items()]
     devices, kind = _devices()
+    which = ""
+    if kind != "cpu":
+        devices, which = the_jobs(devices, job_gpus(_rank_environments(list(pids.values()))))
     diagnosis = comm_failures.diagnose(log.read_text(errors="replace")) if log is not None else None
-    return Examination(job, ranks, devices, kind, diagnosis.sentence() if diagnosis else "",
+    return Examination(job, ranks, devices, kind, which, diagnosis.sentence() if diagnosis else "",
                        advise(ranks, spinning_gpus(devices) if kind != "cpu" else [], diagnosis))
 
 
@@ -241,11 +365,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pid", type=int, help="torchrun's pid, or any rank's (default: your only torchrun job)")
     parser.add_argument("--log", type=Path, help="the job's output, NCCL_DEBUG=INFO or WARN, all ranks together")
     parser.add_argument("--full", action="store_true", help="print each rank's whole Python stack too")
+    parser.add_argument("--looks", type=int, default=LOOKS,
+                        help=f"how many times to read each rank's stack, to tell stuck from slow (default {LOOKS})")
+    parser.add_argument("--every", type=float, default=LOOK_EVERY_SECONDS,
+                        help=f"seconds between looks (default {LOOK_EVERY_SECONDS:g})")
     args = parser.parse_args(argv)
+    if args.looks < 1 or args.every < 0:
+        parser.error("--looks is a count (1 or more), --every a number of seconds (0 or more)")
     if args.log is not None and not args.log.is_file():
         print(f"doctor: cannot read the log {args.log}: no such file", file=sys.stderr)
         return 2
-    print(examine(find_job(args.pid), args.log).screen(args.full))
+    print(examine(find_job(args.pid), args.log, looks=args.looks, every_seconds=args.every).screen(args.full))
     return 0
 
 

@@ -31,6 +31,7 @@ TENSOR_OPTIONS = re.compile(r", TensorDeviceTypes=TensorOptions\(.*?memory_forma
 SAID_CHARACTERS = 400
 DOCTOR_SECONDS = 120.0
 STANDING = "standing:"  # what a rank of the lesson's scripts prints just before its fault
+SETTLE_SECONDS = 1.0
 
 
 @dataclass
@@ -58,7 +59,16 @@ class Hang:
 
 
 def _standing(log_dir: Path) -> Callable[[], bool]:
-    return lambda: sum(STANDING in line for line in last_lines(log_dir).values()) >= RANKS
+    """Whether every rank printed "standing:" at least :data:`SETTLE_SECONDS` ago: each then stands in its fault
+    (one that had just printed may not have entered its collective yet), as when a learner looks."""
+    first_seen: list[float] = []
+
+    def ready() -> bool:
+        if sum(STANDING in line for line in last_lines(log_dir).values()) < RANKS:
+            return False
+        first_seen[:] = first_seen or [time.monotonic()]
+        return time.monotonic() - first_seen[0] >= SETTLE_SECONDS
+    return ready
 
 
 def stacks(launcher: int) -> dict[int, str]:

@@ -93,14 +93,17 @@ def slurm_step_ranks(pid: int) -> dict[int, int]:
     return {rank: task for task, (rank, parent) in sorted(tasks.items()) if parent not in tasks}
 
 
-def python_stack(pid: int, seconds: float = STACK_SECONDS) -> str:
-    """The Python stack of every thread of ``pid``, as ``py-spy dump`` prints it; else why it could not be read."""
+def python_stack(pid: int, seconds: float = STACK_SECONDS, with_locals: bool = False) -> str:
+    """The Python stack of every thread of ``pid``, as ``py-spy dump`` prints it (``with_locals``: each frame's
+    arguments and local variables too, which tell a rank that moves on from one that stands still); else why it
+    could not be read."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).is_file():
         return ("py-spy is not installed (pip install py-spy); instead, start the script with "
                 "`faulthandler.register(signal.SIGUSR1)` and send `kill -USR1 PID`: the rank prints its stack")
     try:
-        done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=seconds)
+        done = subprocess.run([spy, "dump", "--pid", str(pid), *(["--locals"] if with_locals else [])],
+                              capture_output=True, text=True, timeout=seconds)
     except subprocess.TimeoutExpired:
         return f"py-spy did not read pid {pid} within {seconds:g} s"
     if done.returncode != 0:
