@@ -29,6 +29,8 @@ def _names(diagnosis: comm_failures.Diagnosis) -> list[str]:
     ("torch_watchdog_timeout.log", "collective_timeout", "TORCH_DISTRIBUTED_DEBUG=DETAIL"),
     ("torch_oom_1eb.log", "timeout_reported_as_oom", "ignore the out-of-memory error"),
     ("torch_oom_then_timeouts.log", "out_of_memory", "expandable_segments"),
+    ("torchrun_root_cause_sigkill.log", "rank_killed", "dmesg -T"),
+    ("torchrun_agent_sigkill_sigterm_others.log", "rank_killed", "OUT_OF_MEMORY"),
 ])
 def test_each_failure_from_the_field_is_named_with_its_fix(name, failure, fix):
     diagnosis = comm_failures.diagnose(_lines(name))
@@ -122,6 +124,9 @@ def test_a_log_it_does_not_know_gets_what_it_read():
     assert "NCCL_SOCKET_IFNAME=eth2" in ifname and "the first: ncclInternalError: Internal check failed." in ifname
     gloo = comm_failures.diagnose("rank 0: all-reduce ok\n").sentence()
     assert gloo.endswith("read: no NCCL/RCCL version line; no network named; no set-up stage; no error line")
+    # a line that quotes the library's words (a learner's note, a grep in the job script) is not its progress
+    quoted = comm_failures.diagnose("echo 'waiting for Connected all trees'\nthe init reached Init COMPLETE?\n")
+    assert "no set-up stage" in quoted.what_was_read()
 
 
 def test_the_command_line_prints_the_sentence(tmp_path, capsys):

@@ -8,6 +8,7 @@ import psutil
 import pytest
 
 from course_utils.lessons import crash_restart
+from course_utils.parallel import comm_failures
 from course_utils.train import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -24,6 +25,7 @@ def test_a_killed_rank_costs_the_steps_since_the_checkpoint_and_the_restart(tiny
     assert re.search(r"exitcode\s*: -9\)? local_rank: 1", "\n".join(result.lines))  # torchrun saw rank 1 killed
     assert (lost.rank, lost.crashed_at, lost.resumed_from, lost.last_logged, lost.lost_steps) == (1, 11, 8, 11, 3)
     assert 0 < lost.restart_seconds < lost.lost_seconds and lost.redo_seconds > 0
+    assert comm_failures.diagnose("\n".join(result.lines)).cause.name == "rank_killed"  # the doctor's --log
     text = crash_restart.answer(lost, result)
     assert "**3 steps**" in text and "step **8**" in text and "after step **11**" in text
     left = [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]

@@ -13,7 +13,14 @@ import psutil
 import pytest
 
 from course_utils.parallel import launched_processes
-from course_utils.parallel.launch import LIMIT_VARIABLE, TIME_LIMITS, launch, time_limit
+from course_utils.parallel.launch import (
+    LAUNCHER_FAILED,
+    LIMIT_VARIABLE,
+    TIME_LIMITS,
+    LauncherTraceback,
+    launch,
+    time_limit,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # every test here starts torchrun and its ranks
 
@@ -29,8 +36,13 @@ def test_streams_every_rank_and_returns_the_exit_code(torchrun_self_check):
 def test_failure_shows_the_tail_of_each_rank_log(tmp_path, capsys):
     result = launch(2, "course_utils.no_such_module", log_dir=tmp_path)
     assert not result.ok
-    err = capsys.readouterr().err
+    streamed = capsys.readouterr()
+    err = streamed.err
     assert "--- rank 0:" in err and "--- rank 1:" in err and "No module named" in err
+    # torchrun's own traceback is kept in the result, not shown: its report names the failed ranks
+    assert any("elastic_launch(" in line for line in result.lines)
+    assert "elastic_launch(" not in streamed.out and "torchrun's own traceback left out" in streamed.out
+    assert "ChildFailedError" in streamed.out and "Root Cause (first observed failure)" in streamed.out
 
 
 HANGING_RANKS = Path(__file__).with_name("ranks_that_hang.py")
@@ -191,3 +203,12 @@ def test_a_clean_launch_after_a_failed_one_into_the_same_log_folder_reads_only_i
     clean = launch(2, str(script), "none", log_dir=tmp_path / "logs", timeout_seconds=240, echo=False)
     assert clean.ok and clean.failed_ranks == [], "\n".join(clean.lines[-30:])
     assert "set_epock" not in clean.rank_logs[1] and "ended cleanly" in clean.rank_logs[1]
+
+
+def test_only_torchruns_own_child_failed_traceback_is_left_out_of_the_cell():
+    other = ["Traceback (most recent call last):\n", '  File "run.py", line 3, in <module>\n', "ValueError: boom\n"]
+    filtered = LauncherTraceback()
+    assert [shown for line in other for shown in filtered.shown(line)] == other  # any other error, shown whole
+    failed = other[:2] + ["[default1]:a rank's late line\n", f"{LAUNCHER_FAILED}: \n", "  rank      : 1\n"]
+    shown = [shown for line in failed for shown in filtered.shown(line)]
+    assert shown[0] == "[default1]:a rank's late line\n" and "left out: 2 lines" in shown[1] and shown[2:] == failed[3:]

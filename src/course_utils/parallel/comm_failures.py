@@ -35,7 +35,9 @@ INTERFACE = re.compile(r"(?:\[\d+\])?(?P<name>[A-Za-z][\w.-]*):")
 IFNAME = re.compile(r"NCCL_SOCKET_IFNAME set by environment to (?P<value>\S+)")
 ERROR = re.compile(r"(?P<text>\b\w*(?:Error|Exception)\b:.+?|Watchdog caught collective operation timeout.+?|"
                    r"Last NCCL warning.+?)\s*$")
-# How far a communicator's set-up got, in the order NCCL and RCCL print it
+# How far a communicator's set-up got, in the order NCCL and RCCL print it: after their prefix, or opening a line
+# quoted without it; not inside a line that merely quotes the words
+LIBRARY_LINE = r"(?:^|\bNCCL (?:INFO|WARN) .*)"
 STAGES = (("Init START", "init started"), ("Connected all rings", "rings connected"),
           ("Connected all trees", "trees connected"), ("Init COMPLETE", "init complete"),
           ("Abort COMPLETE", "aborted"))
@@ -128,6 +130,18 @@ KNOWN_FAILURES = (
         "fit the step in memory: a smaller batch per rank, activation checkpointing or sharding (notebook 09's "
         "ladder); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where reserved but unallocated memory is large",
         "modelscope/FunASR#2006"),
+    KnownFailure(
+        "rank_killed", "a rank was killed from outside (SIGKILL); the other ranks' errors follow from it",
+        (re.compile(r"exitcode\s*:\s*-9\b"), re.compile(r"Signal 9 \(SIGKILL\) received by PID")),
+        "nothing inside the rank failed: something killed it, most often the kernel's out-of-memory killer (host "
+        "memory: many DataLoader workers, a data set copied into every rank), else the scheduler (a memory or time "
+        "limit) or a person; torchrun then ended the other ranks, and their errors ('Connection closed by peer', "
+        "SIGTERM) are consequences",
+        "read why: the node's kernel log (`dmesg -T | grep -i -E 'killed process|out of memory'`) or Slurm's account "
+        "(`sacct -j JOBID --format=JobID,State,MaxRSS,ReqMem`: OUT_OF_MEMORY); use less host memory (fewer "
+        "--workers, no per-rank copy of the data) or ask for more (--mem); with torchrun's --max-restarts and "
+        "--resume auto the job goes on from its last checkpoint (notebook 12, section 5)",
+        "lzhxmu/CPPO#6, hpcaitech/ColossalAI#3514"),
     KnownFailure(
         "collective_timeout", "a collective did not finish within the process group's timeout",
         (WATCHDOG_TIMEOUT,),
@@ -223,7 +237,9 @@ def _ordered(findings: list[Finding]) -> list[Finding]:
 
 
 def _stage(lines: list[str]) -> str | None:
-    reached = [index for index, (marker, _) in enumerate(STAGES) if any(marker in line for line in lines)]
+    """How far the set-up got, from the library's own lines only (a line that quotes its words says nothing)."""
+    reached = [index for index, (marker, _) in enumerate(STAGES)
+               if any(re.search(LIBRARY_LINE + re.escape(marker), line.strip()) for line in lines)]
     return STAGES[max(reached)][1] if reached else None
 
 

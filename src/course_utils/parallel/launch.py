@@ -149,11 +149,45 @@ def last_lines(log_dir: Path) -> dict[int, str]:
     return found
 
 
+LAUNCHER_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+
+
+class LauncherTraceback:
+    """Leaves torchrun's own traceback out of what the cell shows when it ends in its ``ChildFailedError``: 25 lines
+    of the launcher's internals above the report that names the failed rank, which the learner reads instead.
+    Every line is still kept in the launch's result; any other traceback of torchrun's is shown whole."""
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+
+    def shown(self, line: str) -> list[str]:
+        """The lines to show now, given the next line of torchrun's output."""
+        if not self.held:
+            if line.startswith(TRACEBACK):
+                self.held = [line]
+                return []
+            return [line]
+        if line.startswith((" ", "\t", "[default")):  # a frame, or a rank's line between them
+            if not line.startswith("[default"):
+                self.held.append(line)
+                return []
+            return [line]
+        held, self.held = self.held, []
+        if line.startswith(LAUNCHER_FAILED):
+            return [f"(torchrun's own traceback left out: {len(held)} lines; its report below names the failed "
+                    "rank)\n", line]
+        return [*held, line]
+
+
 def _forward(stream, lines: list[str], echo: bool) -> None:
+    launcher_traceback = LauncherTraceback()
     for line in stream:
         lines.append(line.rstrip("\n"))
         if echo:
-            print(line, end="", flush=True)
+            for shown in launcher_traceback.shown(line):
+                print(shown, end="", flush=True)
+    if echo:
+        print("".join(launcher_traceback.held), end="", flush=True)  # a traceback the output ended inside
 
 
 def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
