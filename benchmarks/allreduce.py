@@ -15,7 +15,8 @@ from pathlib import Path
 
 from course_utils import config
 from course_utils.devices import device_name
-from course_utils.lessons import data_parallel, reference
+from course_utils.experiments.machine_shape import parallel_shape
+from course_utils.lessons import reference
 from course_utils.parallel import allreduce
 from course_utils.parallel.launch import launch
 
@@ -25,7 +26,7 @@ def main() -> None:
     parser.add_argument("--max-bytes", default=str(allreduce.MAX_BYTES[config.get_size().name]))
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
-    shape = data_parallel.parallel_shape()
+    shape = parallel_shape()
     with tempfile.TemporaryDirectory() as out:
         path = Path(out) / "allreduce.json"
         result = launch(shape.ranks, "course_utils.parallel.allreduce", "--max-bytes", args.max_bytes, "--iterations",

@@ -18,14 +18,16 @@ from dataclasses import asdict
 from course_utils import config
 from course_utils.data import coco
 from course_utils.devices import default_device, device_name
-from course_utils.lessons import data_parallel, detection, reference
+from course_utils.experiments.machine_shape import parallel_shape
+from course_utils.experiments.runs import measured_steps
+from course_utils.lessons import detection, reference
 from course_utils.training.detection_models import DETECTION_RECIPES
 
 
 def main() -> None:
     size = config.get_size()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=data_parallel.measured_steps(size.name))
+    parser.add_argument("--steps", type=int, default=measured_steps(size.name))
     parser.add_argument("--global-batch", type=int, default=None)
     parser.add_argument("--amp", default="off", choices=("off", "fp16", "bf16"))
     parser.add_argument("--one-gpu", action="store_true", help="one process on this GPU, world size 1, at the "
@@ -34,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.one_gpu and default_device().type != "cuda":
         parser.error("--one-gpu measures this process's GPU, and there is none here")
-    shape = data_parallel.parallel_shape()
+    shape = parallel_shape()
     with tempfile.TemporaryDirectory() as out:
         if args.one_gpu:  # the recipe's batch on one process, its rate scaled to it
             table = detection.amp_effect((args.amp,), out=out, max_steps=args.steps)

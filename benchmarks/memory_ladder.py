@@ -17,13 +17,15 @@ from dataclasses import asdict
 
 from course_utils import config
 from course_utils.devices import default_device, device_name
-from course_utils.lessons import data_parallel, memory_ladder, reference
+from course_utils.experiments.machine_shape import parallel_shape
+from course_utils.experiments.runs import measured_steps
+from course_utils.lessons import memory_ladder, reference
 
 
 def main() -> None:
     size = config.get_size()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=data_parallel.measured_steps(size.name))
+    parser.add_argument("--steps", type=int, default=measured_steps(size.name))
     parser.add_argument("--model", default=size.model)
     parser.add_argument("--batch-size", type=int, default=size.batch_size)
     parser.add_argument("--image-size", type=int, default=size.image_size)
@@ -37,7 +39,7 @@ def main() -> None:
         ladder = memory_ladder.climb(steps=args.steps, out=out, model=args.model, batch_size=args.batch_size,
                                      image_size=args.image_size, one_gpu=args.one_gpu)
     print(ladder.round(1).to_string(index=False))
-    shape = data_parallel.parallel_shape()
+    shape = parallel_shape()
     ran_on = "one GPU, world size 1" if args.one_gpu else shape.rows_label()
     device = default_device() if args.one_gpu else shape.rank_device
     measured = ladder.dropna(subset=["total_mib"]).drop(columns=["skipped"], errors="ignore")

@@ -18,20 +18,23 @@ import pandas as pd
 
 from course_utils import config
 from course_utils.devices import default_device, device_name
-from course_utils.lessons import data_parallel, reference
+from course_utils.experiments.machine_shape import gpu_count
+from course_utils.experiments.modes import compare_modes
+from course_utils.experiments.runs import measured_steps
+from course_utils.lessons import reference
 from course_utils.observe.noise import Measurement
 
 
 def main() -> None:
     size = config.get_size()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3 * data_parallel.measured_steps(size.name))
+    parser.add_argument("--steps", type=int, default=3 * measured_steps(size.name))
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     tables = []
     with tempfile.TemporaryDirectory() as out:
         for repeat in range(args.repeats):
-            table = data_parallel.compare_modes(steps=args.steps, out=Path(out) / str(repeat))
+            table = compare_modes(steps=args.steps, out=Path(out) / str(repeat))
             tables.append(table.drop(columns=["measured"]).assign(repeat=repeat))
     every = pd.concat(tables)
     summary = every.groupby("mode", sort=False).agg(
@@ -41,7 +44,7 @@ def main() -> None:
         speedup=("speedup", "median"), steady_iteration_seconds=("steady_iteration_seconds", "median")).reset_index()
     print(summary.round(3).to_string(index=False))
     rows = [{"size": size.name, "model": size.model, "batch_per_device": size.batch_size, "steps": args.steps,
-             "repeats": args.repeats, "gpus": data_parallel.gpu_count(), **row} for row in summary.to_dict("records")]
+             "repeats": args.repeats, "gpus": gpu_count(), **row} for row in summary.to_dict("records")]
     path = reference.record('parallel_modes', rows, device_name(default_device()), reference.data_used())
     print(f"recorded in {path}")
 

@@ -52,9 +52,9 @@ def main() -> None:
     parser.add_argument("--stages", default=None,
                         help="comma-separated numbers of the stages to time, 0-based (default: all; the others "
                              "still lend their options to the stages after them): "
-                             + "; ".join(f"{number} {stage.label}" for number, stage in enumerate(STAGES)))
+                             + "; ".join(f"{number} {stage.name}" for number, stage in enumerate(STAGES)))
     args = parser.parse_args()
-    only = None if args.stages is None else {STAGES[int(n)].label for n in args.stages.split(",")}
+    only = None if args.stages is None else {STAGES[int(n)].name for n in args.stages.split(",")}
     device = device_name(default_device())
     setting = {"size": size.name, "model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
                "steps": args.steps, "rounds": args.rounds}

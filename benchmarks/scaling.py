@@ -18,16 +18,18 @@ import pandas as pd
 
 from course_utils import config
 from course_utils.devices import device_name
-from course_utils.lessons import data_parallel, reference, scaling
+from course_utils.experiments.machine_shape import parallel_shape
+from course_utils.experiments.runs import measured_steps
+from course_utils.lessons import reference, scaling
 
 
 def main() -> None:
     size = config.get_size()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=size.model)
-    parser.add_argument("--steps", type=int, default=3 * data_parallel.measured_steps(size.name))
+    parser.add_argument("--steps", type=int, default=3 * measured_steps(size.name))
     args = parser.parse_args()
-    shape = data_parallel.parallel_shape()
+    shape = parallel_shape()
     counts = [count for count in scaling.scaling_ranks(size.name) if count <= shape.ranks]
     options = {"model": args.model, "max_steps": args.steps, "device": shape.device}
     with tempfile.TemporaryDirectory() as out:

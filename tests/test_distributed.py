@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.lessons import data_parallel
+from course_utils.experiments.machine_shape import parallel_shape
 from course_utils.parallel.process_group import Placement, first_host, placement
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -74,7 +74,19 @@ def test_a_rank_whose_peers_never_come_fails_instead_of_hanging(free_port):
     (8, 8, "auto", "8 ranks, one per GPU"),
 ])
 def test_the_ddp_lessons_fit_every_machine_shape(gpus, ranks, device, says):
-    shape = data_parallel.parallel_shape(gpus)
+    shape = parallel_shape(gpus)
     assert (shape.ranks, shape.device) == (ranks, device) and says in shape.describe()
     if gpus < 2:
         assert "ask for 2 or more GPUs" in shape.describe()
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2])
+def test_cpu_ranks_run_the_ci_size_whatever_size_is_active_and_say_so(gpus, monkeypatch):
+    """The one home of the rule five notebooks used to write out each."""
+    monkeypatch.setenv("COURSE_SIZE", "workshop")
+    shape = parallel_shape(gpus)
+    assert shape.size.name == ("workshop" if gpus >= 2 else "ci")
+    assert shape.script_device == ("cuda" if gpus >= 2 else "cpu")
+    assert ("runs the ci size" in shape.describe()) == (gpus < 2)
+    monkeypatch.setenv("COURSE_SIZE", "ci")
+    assert "runs the ci size" not in parallel_shape(gpus).describe()

@@ -4,8 +4,8 @@ same step really holds (in this process, and on DDP and FSDP ranks of the traini
 import pytest
 import torch
 
+from course_utils.experiments.runs import run_ranks
 from course_utils.lessons import memory_forecast
-from course_utils.lessons.data_parallel import run_ranks
 from course_utils.observe.memory import KINDS
 
 RUN = dict(size="ci", model="small_cnn", batch_size=16)

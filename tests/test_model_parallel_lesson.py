@@ -10,7 +10,8 @@ import pytest
 from notebook_scripts import written_script
 
 from course_utils import config
-from course_utils.lessons import data_parallel, model_parallel
+from course_utils.experiments.machine_shape import parallel_shape
+from course_utils.lessons import model_parallel
 from course_utils.parallel import tensor_parallel
 from course_utils.parallel.layout import Layout
 from course_utils.training import models
@@ -114,7 +115,7 @@ def test_the_modes_answer_calls_overlapping_step_times_no_difference():
                                         (2, {"ddp": 2, "fsdp": 2, "tp": 2}),
                                         (8, {"ddp": 4, "fsdp": 4, "tp": 4, "fsdp-tp": 4})])
 def test_the_comparison_takes_the_machines_ranks_and_the_sizes_model(gpus, runs):
-    shape = data_parallel.parallel_shape(gpus)
+    shape = parallel_shape(gpus)
     size = config.get_size("workshop" if shape.on_gpus else "ci")
     plan = model_parallel.comparison(shape, size)
     assert plan.runs == runs

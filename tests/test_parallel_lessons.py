@@ -20,9 +20,11 @@ def _measured(rate: float, spread: float = 0.05) -> Measurement:
 
 def _modes(one_ips, ddp_ips, spread_one=0.05, spread_ddp=0.05):
     return pd.DataFrame([
-        {"mode": "one device", "devices": 1, "global_batch": 64, "images_per_second": one_ips,
+        {"mode": "one device", "distributed": "none", "devices": 1, "global_batch": 64,
+         "images_per_second": one_ips,
          "steps_per_rank": [12], "measured": _measured(one_ips, spread_one), "speedup": 1.0},
-        {"mode": "DDP, 2 ranks", "devices": 2, "global_batch": 128, "images_per_second": ddp_ips,
+        {"mode": "DDP, 2 ranks", "distributed": "ddp", "devices": 2, "global_batch": 128,
+         "images_per_second": ddp_ips,
          "steps_per_rank": [12, 12], "measured": _measured(ddp_ips, spread_ddp), "speedup": ddp_ips / one_ips}])
 
 
@@ -225,9 +227,11 @@ def test_dataparallel_on_one_gpu_reads_the_wrapper_s_cost_against_the_spread():
     from course_utils.lessons import dataparallel
 
     def modes(dp_rate, spread):
-        return pd.DataFrame([{"mode": "one device", "images_per_second": 100.0, "speedup": 1.0,
+        return pd.DataFrame([{"mode": "one device", "distributed": "none", "images_per_second": 100.0,
+                              "speedup": 1.0,
                               "measured": _measured(100.0, spread)},
-                             {"mode": "DataParallel, 1 device(s)", "images_per_second": dp_rate, "devices": 1,
+                             {"mode": "DataParallel, 1 device(s)", "distributed": "dp",
+                              "images_per_second": dp_rate, "devices": 1,
                               "speedup": dp_rate / 100, "measured": _measured(dp_rate, spread)}])
     assert "**no measurable difference**" in dataparallel.dataparallel_answer(modes(97.0, 0.03), 1)
     assert "**slower**" in dataparallel.dataparallel_answer(modes(70.0, 0.03), 1)
@@ -277,7 +281,7 @@ def test_the_ladder_answer_calls_a_faster_recomputation_disturbed_and_claims_no_
 
 
 def test_rows_measured_on_cpu_ranks_say_so_wherever_they_ran():
-    from course_utils.lessons.data_parallel import parallel_shape
+    from course_utils.experiments.machine_shape import parallel_shape
 
     assert parallel_shape(gpus=1).rows_label() == ("CPU processes (gloo) on a node with one GPU: CPU figures, not GPU "
                                                    "figures")

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from course_utils.lessons.data_parallel import RANK_THREADS, SCRATCH
+from course_utils.experiments.machine_shape import RANK_THREADS
+from course_utils.experiments.runs import SCRATCH
 from course_utils.observe.metrics import read_records
 from course_utils.parallel.launch import LaunchResult, launch
 from course_utils.run_folder import RunFolder

@@ -12,7 +12,9 @@ import torch
 from torch import nn
 
 from course_utils import config
-from course_utils.lessons.data_parallel import SCRATCH, gpu_count, measured_steps
+from course_utils.experiments.machine_shape import gpu_count
+from course_utils.experiments.modes import first_of
+from course_utils.experiments.runs import SCRATCH, measured_steps
 from course_utils.lessons.exercises import Check
 from course_utils.observe import communication
 from course_utils.observe.noise import DISTURBED, compare
@@ -74,7 +76,7 @@ def dataparallel_profile(steps: int | None = None, out: str | Path | None = None
 
 def dataparallel_answer(modes: pd.DataFrame, gpus: int) -> str:
     """Markdown: what DataParallel bought over one device, and where its memory went."""
-    one, dp = modes.iloc[0], modes[modes["mode"].str.startswith("DataParallel")].iloc[0]
+    one, dp = first_of(modes, "none"), first_of(modes, "dp")
     devices = dp["devices"]
     speedup = compare(dp["measured"], one["measured"], bound=(0, devices),
                       why=f"one process feeding {devices} device(s) does at most {devices}x one device's work")

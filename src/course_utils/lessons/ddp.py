@@ -28,12 +28,15 @@ from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.data.loaders import shard_sampler
-from course_utils.lessons.data_parallel import (
+from course_utils.experiments.machine_shape import parallel_shape
+from course_utils.experiments.modes import first_of
+from course_utils.experiments.runs import (
     SCRATCH,
+    Variant,
     measured_rate,
     measured_steps,
-    parallel_shape,
     run_ranks,
+    run_variants,
     traced_ranks,
 )
 from course_utils.lessons.exercises import Check, judge_launch
@@ -136,10 +139,9 @@ def agreement_answer(measured: Comparison) -> str:
 
 def ddp_answer(modes: pd.DataFrame) -> str:
     """Markdown: DDP against one device and against DataParallel, from
-    :func:`course_utils.lessons.data_parallel.compare_modes`, each figure read through the runs' spreads and
-    against what the work allows."""
-    one = modes.iloc[0]
-    ddp = modes[modes["mode"].str.startswith("DDP")].iloc[0]
+    :func:`course_utils.experiments.modes.compare_modes`, each figure read through the runs' spreads and
+    against what the work allows (the first row of each kind, when the learner added more)."""
+    one, ddp = first_of(modes, "none"), first_of(modes, "ddp")
     devices = ddp["devices"]
     speedup = compare(ddp["measured"], one["measured"], bound=(0, devices),
                       why=f"{devices} ranks do at most {devices} times one device's work")
@@ -160,9 +162,9 @@ def ddp_answer(modes: pd.DataFrame) -> str:
                      "memory bandwidth.")
     else:
         lines.append(f"- DDP's own cost, one device's speed over one rank's: {cost.sentence()}")
-    dp = modes[modes["mode"].str.startswith("DataParallel")]
-    if len(dp) and dp.iloc[0]["devices"] >= 2:
-        against = compare(ddp["measured"], dp.iloc[0]["measured"])
+    dp = first_of(modes, "dp")
+    if dp is not None and dp["devices"] >= 2:
+        against = compare(ddp["measured"], dp["measured"])
         lines.append(f"- DDP against DataParallel on the same GPUs: {against.sentence()} DDP runs one process per "
                      "GPU, with no weight copies per step and no gathering on GPU 0.")
     else:
@@ -220,28 +222,23 @@ def ddp_equals_large_batch(models: Sequence[str] = ("small_cnn_gn", "small_cnn")
     return pd.DataFrame(rows)
 
 
-DDP_KNOBS: dict[str, dict[str, Any]] = {
-    "defaults (25 MB buckets)": {},
-    "1 MB buckets, gradient_as_bucket_view, static_graph": {"bucket_cap_mb": 1, "gradient_as_bucket_view": True,
-                                                            "static_graph": True},
-}
-
-
-def ddp_knobs(knobs: dict[str, dict[str, Any]] | None = None, nproc: int | None = None, steps: int | None = None,
+def ddp_knobs(settings: Sequence[Variant], nproc: int | None = None, steps: int | None = None,
               out: str | Path | None = None, **options: Any) -> pd.DataFrame:
-    """Images per second of DDP with each setting of its knobs, everything else equal."""
+    """Images per second of DDP with each setting of its knobs (a :class:`Variant` each: a name and the options
+    that differ), everything else equal; the first setting is the one the others are set against."""
     shape = parallel_shape()
     nproc = nproc or shape.ranks
     options.setdefault("device", shape.device)
     steps = steps or measured_steps(options.get("size"))
     out = Path(out or config.runs_dir() / "ddp-knobs")
-    rows = []
-    for index, (name, knob) in enumerate(tqdm((knobs or DDP_KNOBS).items(), desc="settings", unit="run")):
-        summary = run_ranks(nproc, out / f"setting-{index}", max_steps=steps, **options, **knob).summary
-        rows.append({"setting": name, "images_per_second": summary["images_per_second"],
-                     "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in summary["per_rank"]),
-                     "global_batch": summary["global_batch_size"], "measured": measured_rate(summary)})
-    table = pd.DataFrame(rows)
+
+    def run(setting: Variant) -> dict[str, Any]:
+        summary = run_ranks(nproc, out / setting.folder_name, max_steps=steps, **options, **setting.options).summary
+        return {"images_per_second": summary["images_per_second"],
+                "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in summary["per_rank"]),
+                "global_batch": summary["global_batch_size"], "measured": measured_rate(summary)}
+
+    table = run_variants(settings, run, desc="settings").rename(columns={"variant": "setting"})
     table["relative"] = table["images_per_second"] / table["images_per_second"].iloc[0]
     return table
 

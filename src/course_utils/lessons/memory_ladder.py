@@ -3,7 +3,7 @@ offload, each trained for real and its memory per rank measured by kind), the ru
 what the learner's FSDP2 script held on each rank.
 
 Every rung trains the same model at the same per-rank batch for the same steps, on the devices
-:func:`course_utils.lessons.data_parallel.parallel_shape` picks: one GPU per rank where there are two
+:func:`course_utils.experiments.machine_shape.parallel_shape` picks: one GPU per rank where there are two
 or more, CPU processes talking through gloo elsewhere (never two NCCL ranks on one GPU). Offload
 needs GPUs: on CPU processes its rung is left out and the table says so.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,8 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config
-from course_utils.lessons.data_parallel import (
-    SCRATCH,
-    cpu_ranks,
-    measured_rate,
-    measured_steps,
-    parallel_shape,
-    run_ranks,
-    threads_of_a_rank,
-)
+from course_utils.experiments.machine_shape import cpu_ranks, parallel_shape, threads_of_a_rank
+from course_utils.experiments.runs import SCRATCH, Variant, measured_rate, measured_steps, run_ranks
 from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.memory import KINDS
 from course_utils.observe.noise import compare
@@ -42,34 +34,34 @@ MIB = 2**20
 SHARD_SLACK = 1.05  # a rank's shard of a parameter may be padded: dim 0 split into equal parts
 
 
-@dataclass(frozen=True)
-class Rung:
-    """One way to train the model, and what it keeps on each rank."""
-
-    name: str
-    distributed: str
-    options: dict[str, Any] = field(default_factory=dict)
-    needs_gpus: bool = False
-
-
+# A rung is a Variant: its name, and the training options that differ (``distributed`` at least).
 LADDER = (
-    Rung("one process", "none"),
-    Rung("DDP", "ddp"),
-    Rung("FSDP", "fsdp"),
-    Rung("FSDP + activation checkpointing", "fsdp", {"activation_checkpointing": True}),
-    Rung("FSDP + checkpointing + offload", "fsdp", {"activation_checkpointing": True, "offload": True}, True),
+    Variant("one process", distributed="none"),
+    Variant("DDP", distributed="ddp"),
+    Variant("FSDP", distributed="fsdp"),
+    Variant("FSDP + activation checkpointing", distributed="fsdp", activation_checkpointing=True),
+    Variant("FSDP + checkpointing + offload", distributed="fsdp", activation_checkpointing=True, offload=True),
 )
 # On one GPU (world size 1, nothing to shard over): what one device holds by kind, with and without checkpointing.
 ONE_GPU_LADDER = (
-    Rung("one process", "none"),
-    Rung("one process + activation checkpointing", "none", {"activation_checkpointing": True}),
+    Variant("one process", distributed="none"),
+    Variant("one process + activation checkpointing", distributed="none", activation_checkpointing=True),
 )
 
 
-def _row(rung: Rung, summary: dict[str, Any]) -> dict[str, Any]:
+def needs_gpus(rung: Variant) -> bool:
+    """Offloading moves FSDP's shards between a GPU and host memory: on CPU ranks there is nothing to move."""
+    return bool(rung.options.get("offload"))
+
+
+def how(rung: Variant) -> str:
+    return rung.options.get("distributed", "none")
+
+
+def _row(rung: Variant, summary: dict[str, Any]) -> dict[str, Any]:
     """Rank 0's memory by kind (in MiB) and the run's speed; the ranks hold the same amounts, within padding."""
     memory = summary["per_rank"][0]["step_memory_bytes"]
-    row = {"rung": rung.name, "distributed": rung.distributed, "ranks": summary["world_size"],
+    row = {"rung": rung.name, "distributed": how(rung), "ranks": summary["world_size"],
            "device": summary["device"],
            **{f"{kind}_mib": (memory[kind] or 0) / MIB for kind in KINDS}}
     row["total_mib"] = sum(row[f"{kind}_mib"] for kind in KINDS)
@@ -80,7 +72,7 @@ def _row(rung: Rung, summary: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | Path | None = None,
+def climb(rungs: Sequence[Variant] = LADDER, steps: int | None = None, out: str | Path | None = None,
           one_gpu: bool = False, **options: Any) -> pd.DataFrame:
     """Train every rung that runs here; one row per rung: memory per rank by kind, images per second.
     ``one_gpu``: the rungs of :data:`ONE_GPU_LADDER` on this process's GPU, world size 1 (a node with one GPU,
@@ -94,15 +86,15 @@ def climb(rungs: Sequence[Rung] = LADDER, steps: int | None = None, out: str | P
     rows = []
     for index, rung in enumerate(tqdm(rungs, desc="rungs", unit="run")):
         folder = out / f"rung-{index}"
-        if rung.needs_gpus and not shape.on_gpus:
-            rows.append({"rung": rung.name, "distributed": rung.distributed,
+        if needs_gpus(rung) and not shape.on_gpus:
+            rows.append({"rung": rung.name, "distributed": how(rung),
                          "skipped": "it needs GPUs; the ranks here are CPU processes"})
             continue
-        if not mode_of(rung.distributed).one_process_per_device:
+        if not mode_of(how(rung)).one_process_per_device:
             with threads_of_a_rank(cpu_ranks(common)):  # like against like beside the CPU ranks
                 summary = train(**common, **rung.options, out=folder)
         else:
-            summary = run_ranks(shape.ranks, folder, distributed=rung.distributed, **common, **rung.options).summary
+            summary = run_ranks(shape.ranks, folder, **common, **rung.options).summary
         rows.append(_row(rung, summary))
     return pd.DataFrame(rows)
 

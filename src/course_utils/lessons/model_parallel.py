@@ -5,7 +5,7 @@ the checks here rebuild the unsplit layer from the same weights and input and co
 gradients. The mode comparison runs the training command in each ``--distributed`` mode at the same
 global batch and reads memory by kind and speed from the runs' summaries.
 
-Where the ranks run is :func:`course_utils.lessons.data_parallel.parallel_shape`'s answer: one GPU per rank
+Where the ranks run is :func:`course_utils.experiments.machine_shape.parallel_shape`'s answer: one GPU per rank
 (NCCL/RCCL) on a machine with two or more, else CPU processes (gloo) at the ``ci`` size.
 """
 
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from course_utils import config
-from course_utils.lessons.data_parallel import ParallelShape
+from course_utils.experiments.machine_shape import ParallelShape
 from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.communication import collective_bytes
 from course_utils.observe.metrics import read_records

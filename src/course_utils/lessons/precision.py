@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from course_utils import config, devices
+from course_utils.experiments.runs import Variant
 from course_utils.lessons.exercises import Check, fixed_batches, tiny_cnn
 from course_utils.lessons.monitoring import measure_setting
 from course_utils.lessons.reference import Goal
@@ -48,31 +49,34 @@ def course_rates(model: str, batch_size: int, amp: str, steps: int, rounds: int 
     return row["rates"]
 
 
-@dataclass(frozen=True)
-class Stage:
-    """One step of the progression: its name in the tables, the training options it adds, whether the stages
-    after it keep them (a side step such as fp16 instead of bf16 does not), and whether it computes fp32 strictly
-    (off the TF32 tensor cores, as an MI250X always does)."""
-
-    label: str
-    options: dict
-    kept: bool = True
-    strict_fp32: bool = False
-
-
 STRICT, BASELINE = "fp32, strict (no TF32)", "fp32 baseline"
+# A stage is a Variant: its name, the training options it adds, and two flags the progression reads (not training
+# options): kept=False, a side step whose options the stages after it do not keep (fp16 instead of bf16), and
+# strict_fp32=True, fp32 off the TF32 tensor cores, as an MI250X always computes it.
+FLAGS = ("kept", "strict_fp32")
 STAGES = (
-    Stage(STRICT, {}, kept=False, strict_fp32=True),
-    Stage(BASELINE, {}),
-    Stage("+ bf16 autocast", {"amp": "bf16"}),
-    Stage("+ channels_last", {"channels_last": True}),
-    Stage("+ fused optimizer", {"fused_optimizer": True}),
+    Variant(STRICT, kept=False, strict_fp32=True),
+    Variant(BASELINE),
+    Variant("+ bf16 autocast", amp="bf16"),
+    Variant("+ channels_last", channels_last=True),
+    Variant("+ fused optimizer", fused_optimizer=True),
     # After the fused optimizer: the GradScaler hands its scale to the fused kernel, which skips an overflowing
     # step on the device; with the default optimizer its step reads the inf check back to the host (a sync).
-    Stage("fp16 + GradScaler instead of bf16", {"amp": "fp16"}, kept=False),
-    Stage("+ torch.compile", {"compile": "default"}),
-    Stage("+ CUDA graphs (compile reduce-overhead)", {"compile": "reduce-overhead"}),
+    Variant("fp16 + GradScaler instead of bf16", amp="fp16", kept=False),
+    Variant("+ torch.compile", compile="default"),
+    Variant("+ CUDA graphs (compile reduce-overhead)", compile="reduce-overhead"),
 )
+
+
+def added_options(stage: Variant) -> dict[str, Any]:
+    """The training options ``stage`` adds (its flags left out)."""
+    return {name: value for name, value in stage.options.items() if name not in FLAGS}
+
+
+def strict(stage: Variant) -> bool:
+    return bool(stage.options.get("strict_fp32"))
+
+
 PROGRESSION_LOADER = "gpu-aug"
 SLOWDOWN_LIMIT = 3.0  # a precision this much slower than fp32 is no use here
 
@@ -87,10 +91,10 @@ def _half_precision_probe(device: torch.device, model: str, amp: str) -> str | N
     return None
 
 
-def unavailable(stage: Stage, device: torch.device, model: str) -> str | None:
+def unavailable(stage: Variant, device: torch.device, model: str) -> str | None:
     """Why ``stage`` cannot (usefully) run on ``device``, or None when it can."""
-    options = stage.options
-    if stage.strict_fp32 and not devices.has_tf32(device):
+    options = added_options(stage)
+    if strict(stage) and not devices.has_tf32(device):
         return "no TF32 here, so the fp32 baseline below is strict fp32 already"
     if options.get("amp") in ("fp16", "bf16") and device.type == "cpu":
         return _half_precision_probe(device, model, options["amp"])
@@ -111,27 +115,27 @@ def unavailable(stage: Stage, device: torch.device, model: str) -> str | None:
     return None
 
 
-def _stages_to_run(stages: tuple[Stage, ...], device: torch.device, model: str, only: set[str] | None = None):
+def _stages_to_run(stages: Sequence[Variant], device: torch.device, model: str, only: set[str] | None = None):
     """Each stage with the options it trains with (its own on top of the kept stages' before it), the stage
     it builds on (None for a baseline), or the reason it cannot run here. ``only``: the labels to yield; the
     others still lend their options to the stages after them."""
     kept: dict = {}
     base = None
     for stage in stages:
-        reason = unavailable(stage, device, model) if only is None or stage.label in only else None
+        reason = unavailable(stage, device, model) if only is None or stage.name in only else None
         if reason:
             yield stage, None, None, reason
             continue
-        options = {**kept, **stage.options}
-        if only is None or stage.label in only:
+        options = {**kept, **added_options(stage)}
+        if only is None or stage.name in only:
             yield stage, options, base, None
-        if stage.kept:
-            kept, base = options, stage.label
+        if stage.options.get("kept", True):
+            kept, base = options, stage.name
 
 
-def _row_base(stage: Stage, options: dict, base: str | None) -> dict:
-    return {"stage": stage.label, "status": "ok", "builds_on": base,
-            "options": ", ".join(f"{k}={v}" for k, v in options.items()) or ("strict fp32" if stage.strict_fp32
+def _row_base(stage: Variant, options: dict, base: str | None) -> dict:
+    return {"stage": stage.name, "status": "ok", "builds_on": base,
+            "options": ", ".join(f"{k}={v}" for k, v in options.items()) or ("strict fp32" if strict(stage)
                                                                              else "defaults")}
 
 
@@ -144,7 +148,7 @@ def _speedups(rows: list[dict]) -> None:
             row["speedup_over_strict"] = row["images_per_second"] / rates[STRICT] if rates.get(STRICT) else None
 
 
-def run_progression(out_dir: Path, stages: tuple[Stage, ...] = STAGES, **train_options) -> pd.DataFrame:
+def run_progression(out_dir: Path, stages: Sequence[Variant] = STAGES, **train_options) -> pd.DataFrame:
     """Train every available stage and return one row per stage (notebook 05: whole epochs, so that the losses
     can be compared too)."""
     # The lesson's own folders; every stage monitored, for its energy per image where the device reports power.
@@ -155,12 +159,12 @@ def run_progression(out_dir: Path, stages: tuple[Stage, ...] = STAGES, **train_o
     model = train_options.get("model") or _default_model(train_options)
     for number, (stage, options, base, reason) in enumerate(_stages_to_run(stages, device, model)):
         if reason:
-            rows.append({"stage": stage.label, "status": f"not available on {device_label}: {reason}"})
+            rows.append({"stage": stage.name, "status": f"not available on {device_label}: {reason}"})
             continue
         run_dir = Path(out_dir) / f"{number}"
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        with devices.strict_fp32() if stage.strict_fp32 else contextlib.nullcontext():
+        with devices.strict_fp32() if strict(stage) else contextlib.nullcontext():
             summary = train(out=str(run_dir), **train_options, **options)
         measured = load_run(run_dir).steady_rate()
         rows.append({
@@ -178,21 +182,23 @@ def run_progression(out_dir: Path, stages: tuple[Stage, ...] = STAGES, **train_o
 
 def step_progression(model: str, batch_size: int, image_size: int, steps: int, rounds: int,
                      only: set[str] | None = None, warmup: int = 3,
-                     on_row: Callable[[list[dict]], object] | None = None) -> pd.DataFrame:
+                     on_row: Callable[[list[dict]], object] | None = None,
+                     stages: Sequence[Variant] = STAGES) -> pd.DataFrame:
     """The progression's step timed on one fixed batch already on the device (no loader, no epochs, no
     evaluation): ``rounds`` x ``steps`` timed iterations per stage after ``warmup``, with MFU against the peak of
     the stage's precision and joules per image where the device reports power. ``only``: the labels of the
     stages to time (the others still lend their options to later ones). ``on_row`` gets the rows so far after
-    each stage (a benchmark records them the moment they exist)."""
+    each stage (a benchmark records them the moment they exist). ``stages``: in order, each keeping the options of
+    the kept stages before it."""
     device = devices.default_device()
     name = devices.device_name(device)
     rows: list[dict] = []
-    for stage, options, base, reason in _stages_to_run(STAGES, device, model, only):
+    for stage, options, base, reason in _stages_to_run(stages, device, model, only):
         if reason:
-            rows.append({"stage": stage.label, "status": f"not available on {name}: {reason}"})
+            rows.append({"stage": stage.name, "status": f"not available on {name}: {reason}"})
         else:
             compiled = bool(options.get("compile"))  # CUDA graphs record after a few steps of their own
-            with devices.strict_fp32() if stage.strict_fp32 else contextlib.nullcontext():
+            with devices.strict_fp32() if strict(stage) else contextlib.nullcontext():
                 measured = measure_setting(model, batch_size, steps, warmup + 3 * compiled, image_size,
                                            rounds=rounds, **options)
             row = {**_row_base(stage, options, base), **{k: v for k, v in measured.items() if k != "status"}}

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.atomic_files import write_text_atomic
-from course_utils.lessons.data_parallel import SCRATCH, measured_rate, run_ranks
+from course_utils.experiments.runs import SCRATCH, measured_rate, run_ranks
 from course_utils.lessons.exercises import Check
 from course_utils.observe.metrics import load_run
 from course_utils.observe.noise import DISTURBED, compare

@@ -1,0 +1,103 @@
+"""An experiment is a list of named variants of one run (:class:`Variant`: a name and the options that differ),
+run one after the other (:func:`run_variants`) and measured alike, by a notebook's cell, where the learner adds
+a row and reruns, and by the benchmark that records the same experiment on a GPU node.
+
+Every measured row carries its run's images per second iteration by iteration
+(:mod:`course_utils.observe.noise`), which the answers compare; a figure outside what the work allows (above the
+ideal, a cost below nothing) is a disturbed measurement, not a finding. Single-process runs happen in this
+process; runs on several ranks start torchrun through :mod:`course_utils.parallel.launch` (:func:`run_ranks`), so
+a notebook cell shows their output as it comes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from course_utils import config
+from course_utils.experiments.machine_shape import RANK_THREADS, cpu_ranks
+from course_utils.observe import communication
+from course_utils.observe.metrics import load_run
+from course_utils.observe.noise import Measurement
+from course_utils.observe.profiling import TRACE_FILE
+from course_utils.parallel.launch import LaunchResult, launch
+from course_utils.run_folder import RunFolder
+from course_utils.training.options import to_flags
+
+MEASURED_STEPS = {"ci": 12, "workshop": 200}  # iterations of each throughput measurement of 06-10, by course size
+# The runs a lesson makes in its own folders: no progress bar each, and a rerun replaces what the last left.
+SCRATCH = {"progress": False, "overwrite": True}
+
+
+@dataclass(init=False)
+class Variant:
+    """One named variant of a run: ``Variant("DDP, 64 MB buckets", distributed="ddp", bucket_cap_mb=64)``. Its
+    options are the training command's (:class:`~course_utils.training.options.TrainOptions`), or whatever the
+    experiment that runs it reads."""
+
+    name: str
+    options: dict[str, Any]
+
+    def __init__(self, name: str, **options: Any) -> None:
+        self.name, self.options = name, options
+
+    @property
+    def folder_name(self) -> str:
+        """The name as a folder: lower case, runs of other characters as one '-'."""
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-") or "variant"
+
+
+def run_variants(variants: Iterable[Variant], run: Callable[[Variant], dict[str, Any]],
+                 desc: str = "variants") -> pd.DataFrame:
+    """Run each variant in order, with a progress bar; one row per variant: its name, then what ``run`` measured.
+    Two variants of one name would be two rows no answer can tell apart: refused before any run."""
+    variants = list(variants)
+    names = [variant.name for variant in variants]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"two variants are named {', '.join(map(repr, twice))}: give each its own name")
+    rows = [{"variant": variant.name, **run(variant)} for variant in tqdm(variants, desc=desc, unit="run")]
+    return pd.DataFrame(rows)
+
+
+def measured_steps(size: str | None = None) -> int:
+    """Iterations of each throughput measurement of notebooks 06-10 at ``size`` (the active size by default)."""
+    return MEASURED_STEPS[config.get_size(size).name]
+
+
+def run_ranks(nproc: int, out: Path, echo: bool = False, distributed: str = "ddp", env: dict[str, str] | None = None,
+              **options: Any) -> LaunchResult:
+    """``options`` trained with DDP (or FSDP) on ``nproc`` ranks under torchrun; the launch, with the run's
+    summary and every rank's output, or an error with the end of torchrun's output when a rank failed.
+    ``env``: variables for the ranks."""
+    if cpu_ranks(options):  # one rank gets the threads of each of several, as torchrun gives them
+        env = {"OMP_NUM_THREADS": str(RANK_THREADS), **(env or {})}
+    result = launch(nproc, "course_utils.train", *to_flags(**{**SCRATCH, **options}, distributed=distributed,
+                                                           out=out),
+                    log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=echo, env=env)
+    if not result.ok:
+        tail = "\n".join(result.lines[-15:])
+        raise RuntimeError(f"{distributed.upper()} on {nproc} ranks failed (exit {result.returncode}):\n{tail}")
+    return result
+
+
+def traced_ranks(nproc: int, out: Path, **options: Any) -> tuple[pd.DataFrame, LaunchResult]:
+    """:func:`run_ranks` with rank 0 traced by the profiler: each traced step's communication and what of it
+    hid behind computation (:func:`course_utils.observe.communication.per_step`), and the launch."""
+    result = run_ranks(nproc, out, trace=Path(out) / "trace", **options)
+    return communication.per_step(Path(out) / "trace" / TRACE_FILE), result
+
+
+def measured_rate(summary: dict[str, Any]) -> Measurement:
+    """A finished run's images per second, iteration by iteration after its warm-up, with their spread; no
+    samples (an unknown spread) where its run folder is not at hand (a summary copied from elsewhere)."""
+    out = summary.get("config", {}).get("out")
+    if not out or not RunFolder(out).metrics.exists():
+        return Measurement.of([])
+    return load_run(out).steady_rate()

@@ -1,0 +1,50 @@
+"""An experiment as data: named variants of a run, run in order by one runner; one device against DataParallel
+and DDP as such variants, where a row the learner adds trains with its own options."""
+
+import json
+
+import pytest
+
+from course_utils.experiments.modes import DDP, ONE_DEVICE, compare_modes, first_of
+from course_utils.experiments.runs import Variant, run_variants
+
+
+def test_each_variant_runs_in_order_as_a_row_with_its_name():
+    seen = []
+
+    def run(variant):
+        seen.append(variant.name)
+        return {"lr": variant.options.get("lr", 0.1)}
+
+    table = run_variants([Variant("base"), Variant("half the rate", lr=0.05)], run)
+    assert seen == ["base", "half the rate"]
+    assert table.to_dict("records") == [{"variant": "base", "lr": 0.1}, {"variant": "half the rate", "lr": 0.05}]
+    assert Variant("DDP, 64 MB buckets!", bucket_cap_mb=64).folder_name == "ddp-64-mb-buckets"
+
+
+def test_two_variants_of_one_name_are_refused_before_any_run():
+    ran = []
+    with pytest.raises(ValueError, match="two variants are named 'DDP'"):
+        run_variants([Variant("DDP"), Variant("DDP", bucket_cap_mb=1)], lambda variant: ran.append(variant) or {})
+    assert not ran
+
+
+def test_a_mode_that_is_no_way_of_running_is_refused_before_any_run(tmp_path):
+    with pytest.raises(ValueError, match="mode 'FSDP': distributed='fsdp'; a mode runs as one of none, dp, ddp"):
+        compare_modes([ONE_DEVICE, Variant("FSDP", distributed="fsdp")], out=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_row_the_learner_adds_trains_with_its_own_options_beside_the_plain_ones(tiny_root, tmp_path):
+    ways = [ONE_DEVICE, DDP, Variant("DDP, 1 MB buckets", distributed="ddp", bucket_cap_mb=1)]
+    table = compare_modes(ways, steps=4, out=tmp_path, size="ci", data_dir=str(tiny_root), train_samples=128,
+                          test_samples=32, device="cpu", workers=0)
+    assert list(table["variant"]) == ["one device", "DDP", "DDP, 1 MB buckets"]
+    assert list(table["mode"]) == ["one device", "DDP, 2 ranks", "DDP, 1 MB buckets, 2 ranks"]
+    assert list(table["distributed"]) == ["none", "ddp", "ddp"] and first_of(table, "ddp")["variant"] == "DDP"
+    buckets = {folder: json.loads((tmp_path / folder / "summary.json").read_text())["config"]["bucket_cap_mb"]
+               for folder in ("ddp", "ddp-1-mb-buckets")}
+    assert buckets == {"ddp": 25.0, "ddp-1-mb-buckets": 1.0}
+    assert first_of(table, "dp") is None
