@@ -118,13 +118,14 @@ def test_the_comparison_takes_the_machines_ranks_and_the_sizes_model(gpus, runs)
     shape = parallel_shape(gpus)
     size = config.get_size("workshop" if shape.on_gpus else "ci")
     plan = model_parallel.comparison(shape, size)
-    assert plan.runs == runs
+    assert {run.name: run.options["ranks"] for run in plan.runs} == runs
+    assert all(run.options["distributed"] == run.name for run in plan.runs)
     assert (plan.options["model"], plan.options["image_size"]) == (("vit_small", 224) if gpus >= 2 else
                                                                    ("vit_tiny", 32))
     assert plan.options["device"] == ("auto" if gpus >= 2 else "cpu")
     assert ("FSDP x TP needs 4 GPUs" in plan.missing) == (gpus == 2)
     model = models.build(plan.options["model"], image_size=plan.options["image_size"])
-    for mode, ranks in plan.runs.items():  # every mode splits the same global batch over whole data groups
+    for mode, ranks in runs.items():  # every mode splits the same global batch over whole data groups
         groups = ranks // 2 if mode == "fsdp-tp" else 1 if mode == "tp" else ranks
         assert plan.options["batch_size"] % groups == 0
         if mode in ("tp", "fsdp-tp"):  # and the layers split evenly over the tensor-parallel ranks

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from torch import nn
 
 from course_utils import config
 from course_utils.experiments.machine_shape import ParallelShape
+from course_utils.experiments.runs import Variant, run_variants
 from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.communication import collective_bytes
 from course_utils.observe.metrics import read_records
@@ -142,12 +143,17 @@ def bubble_table(folder: Path, formula: Callable[[int, int], float]) -> pd.DataF
 
 @dataclass(frozen=True)
 class Comparison:
-    """The runs of the notebook's comparison on this machine: ranks per ``--distributed`` mode, the training
-    options every run shares (the global batch in ``batch_size``), and what this machine cannot show."""
+    """The runs of the notebook's comparison on this machine: a :class:`Variant` per run, named by its
+    ``--distributed`` mode, with its ``ranks`` (read by :func:`compare_modes`, not a training option); the
+    training options every run shares (the global batch in ``batch_size``); and what this machine cannot show."""
 
-    runs: dict[str, int]
+    runs: list[Variant]
     options: dict[str, Any]
     missing: str
+
+
+def _runs(ranks: dict[str, int]) -> list[Variant]:
+    return [Variant(mode, distributed=mode, ranks=count) for mode, count in ranks.items()]
 
 
 def comparison(shape: ParallelShape, size: config.Size) -> Comparison:
@@ -157,41 +163,43 @@ def comparison(shape: ParallelShape, size: config.Size) -> Comparison:
     options = {**COMPARISON[size.name], "size": size.name, "device": shape.device, "log_every": 1,
                "workers": size.workers if shape.on_gpus else 0, "augment": False, "progress": False}
     if not shape.on_gpus:
-        return Comparison({"ddp": 2, "fsdp": 2, "tp": 2, "fsdp-tp": 4}, options,
+        return Comparison(_runs({"ddp": 2, "fsdp": 2, "tp": 2, "fsdp-tp": 4}), options,
                           "CPU processes: memory by kind and communication volume as on GPUs, not GPU speed")
     ranks = 4 if shape.ranks >= 4 else 2
     runs = {"ddp": ranks, "fsdp": ranks, "tp": ranks} | ({"fsdp-tp": 4} if ranks == 4 else {})
-    return Comparison(runs, options, "" if ranks == 4 else "FSDP x TP needs 4 GPUs (2 groups of 2): ask for 4")
+    return Comparison(_runs(runs), options, "" if ranks == 4 else "FSDP x TP needs 4 GPUs (2 groups of 2): ask for 4")
 
 
-def compare_modes(runs: dict[str, int], out: Path, **options: Any) -> pd.DataFrame:
-    """The training command in each ``--distributed`` mode of ``runs`` (mode -> ranks) at the same global
+def compare_modes(runs: Sequence[Variant], out: Path, **options: Any) -> pd.DataFrame:
+    """Each run of ``runs`` (its ``distributed`` mode, its ``ranks`` and any option of its own) at the same global
     batch (``options['batch_size']`` images in all), rank 0 traced: per rank, memory by kind, the bytes its
-    collectives moved per step, and the step's speed."""
-    rows = []
-    for mode, ranks in runs.items():
+    collectives moved per step, and the step's speed. Each run's folder is ``out`` / its name."""
+
+    def run(variant: Variant) -> dict[str, Any]:
+        own = {name: value for name, value in variant.options.items() if name != "ranks"}
+        mode, ranks = own.pop("distributed"), variant.options["ranks"]
         data_ranks = Layout(mode, None, ranks).data_ranks  # groups that read images of their own
-        per_rank = {**options, "batch_size": options["batch_size"] // data_ranks}
-        folder = Path(out) / mode
+        per_rank = {**options, **own, "batch_size": own.get("batch_size", options["batch_size"]) // data_ranks}
+        folder = Path(out) / variant.folder_name
         result = launch(ranks, "course_utils.train", *to_flags(distributed=mode, out=str(folder),
                                                                trace=str(folder / "trace"), **per_rank),
-                        log_dir=Path(out) / f"{mode}-logs", echo=False, timeout_seconds=600)
+                        log_dir=Path(out) / f"{variant.folder_name}-logs", echo=False, timeout_seconds=600)
         if not result.ok:
             raise RuntimeError(f"--distributed {mode} on {ranks} ranks failed:\n" + "\n".join(result.lines[-20:]))
         summary = result.summary
         memory = summary["per_rank"][0]["step_memory_bytes"]
-        rows.append({"mode": mode, "ranks": ranks, "batch per rank": per_rank["batch_size"],
-                     "global batch": summary["global_batch_size"],
-                     **{f"{kind} MiB": (memory[kind] or 0) / 2**20 for kind in
-                        ("parameters", "gradients", "optimizer_state", "activations")},
-                     # the GPU allocator's high-water mark of a step; CPU processes keep no such count
-                     "peak MiB": memory["peak_allocated"] / 2**20 if memory.get("peak_allocated") else math.nan,
-                     "collectives MiB/step": pd.Series(collective_bytes(folder / "trace" / TRACE_FILE)).median()
-                     / 2**20,
-                     "images/s": summary["images_per_second"],
-                     "step s (median)": max(r["steady_iteration_seconds"] or 0 for r in summary["per_rank"]),
-                     "final loss": summary["final_train_loss"]})
-    return pd.DataFrame(rows)
+        return {"mode": variant.name, "ranks": ranks, "batch per rank": per_rank["batch_size"],
+                "global batch": summary["global_batch_size"],
+                **{f"{kind} MiB": (memory[kind] or 0) / 2**20 for kind in
+                   ("parameters", "gradients", "optimizer_state", "activations")},
+                # the GPU allocator's high-water mark of a step; CPU processes keep no such count
+                "peak MiB": memory["peak_allocated"] / 2**20 if memory.get("peak_allocated") else math.nan,
+                "collectives MiB/step": pd.Series(collective_bytes(folder / "trace" / TRACE_FILE)).median() / 2**20,
+                "images/s": summary["images_per_second"],
+                "step s (median)": max(r["steady_iteration_seconds"] or 0 for r in summary["per_rank"]),
+                "final loss": summary["final_train_loss"]}
+
+    return run_variants(runs, run, desc="modes").drop(columns="variant")
 
 
 def step_seconds(out: Path) -> list[float]:
