@@ -19,7 +19,8 @@ FLOORS = {
     "data": 1, "observe": 1, "parallel": 1,
     "training": 2,
     "train": 3, "doctor": 3,
-    "lessons": 4,
+    "experiments": 4,
+    "lessons": 5,
 }
 
 
