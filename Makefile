@@ -85,8 +85,9 @@ test-quick: lint
 # whose lessons call such APIs (OLDEST_NOTEBOOKS). Left on the pin only: the unit tests, the Slurm jobs, the data
 # and disk faults, the loaders, the benchmarks' bookkeeping and the learners' exercise checks, whose scripts the
 # oldest notebooks run there already; 01, 02, 04 and 08 teach through the training command and the loaders, which
-# those tests run there (the browser's run of 00-02 stays on the pin too). pip's cache serves the second install of
-# the shared packages.
+# those tests run there (the browser's run of 00-02 stays on the pin too); 12's hangs, crash drill and exercise are
+# the scripts test_hangs.py and test_crash_restart.py run there, and its stragglers and all-reduce call nothing that
+# changed. pip's cache serves the second install of the shared packages.
 OLDEST_VENV ?= .venv-oldest
 OLDEST_TESTS ?= $(addprefix tests/,test_teardown.py test_distributed.py test_ddp.py test_fsdp.py test_tensor_parallel.py \
 	test_faults_at_scale.py test_resume.py test_train.py test_precision.py test_profiling.py test_memory.py \
@@ -94,7 +95,7 @@ OLDEST_TESTS ?= $(addprefix tests/,test_teardown.py test_distributed.py test_ddp
 	test_crash_restart.py test_launch.py test_hangs.py)
 OLDEST_NOTEBOOKS ?= $(addprefix notebooks/,00_setup.ipynb 03_profiling.ipynb 05_mixed_precision_compile.ipynb \
 	06_dataparallel.ipynb 07_ddp.ipynb 09_sharding_and_memory.ipynb 10_detection_capstone.ipynb \
-	11_tensor_and_pipeline_parallel.ipynb 12_when_it_breaks.ipynb)
+	11_tensor_and_pipeline_parallel.ipynb)
 OLDEST_STAMP := $(OLDEST_VENV)/.installed
 $(OLDEST_STAMP): pyproject.toml src/course_utils/versions.py jobs/course_requirements.py
 	$(PYTHON) -m venv $(OLDEST_VENV)
