@@ -76,13 +76,14 @@ def stacks(launcher: int) -> dict[int, str]:
     return {rank: hangs.python_stack(pid) for rank, pid in hangs.rank_pids(launcher).items()}
 
 
-def doctor_command(log: Path | None = None) -> Callable[[int], str]:
-    """A look that runs ``python -m course_utils.doctor --pid LAUNCHER [--log LOG]`` and returns its screen."""
+def doctor_command(log: Path | None = None, looks: int | None = None) -> Callable[[int], str]:
+    """A look that runs ``python -m course_utils.doctor --pid LAUNCHER [--log LOG] [--looks N]`` and returns its
+    screen."""
     def run(launcher: int) -> str:
-        command = [sys.executable, "-m", "course_utils.doctor", "--pid", str(launcher)]
-        done = subprocess.run(command + (["--log", str(log)] if log else []), capture_output=True, text=True,
-                              timeout=DOCTOR_SECONDS)
-        return f"$ python -m course_utils.doctor --pid {launcher}" + (f" --log {log}" if log else "") + "\n" + (
+        flags = (["--log", str(log)] if log else []) + (["--looks", str(looks)] if looks else [])
+        done = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", str(launcher), *flags],
+                              capture_output=True, text=True, timeout=DOCTOR_SECONDS)
+        return f"$ python -m course_utils.doctor --pid {launcher} {' '.join(flags)}".rstrip() + "\n" + (
             done.stdout + done.stderr).strip()
     return run
 
