@@ -24,7 +24,9 @@ def test_a_killed_rank_costs_the_steps_since_the_checkpoint_and_the_restart(tiny
     assert result.ok and result.summary["steps"] == 32
     assert re.search(r"exitcode\s*: -9\)? local_rank: 1", "\n".join(result.lines))  # torchrun saw rank 1 killed
     assert (lost.rank, lost.crashed_at, lost.resumed_from, lost.last_logged, lost.lost_steps) == (1, 11, 8, 11, 3)
-    assert 0 < lost.restart_seconds < lost.lost_seconds and lost.redo_seconds > 0
+    # The watcher looks every 20 ms: on a busy machine it may see the three redone steps at one look (redo 0 s).
+    assert lost.restart_seconds > 0 and lost.redo_seconds >= 0
+    assert abs(lost.lost_seconds - (lost.restart_seconds + lost.redo_seconds)) < 1e-6
     assert comm_failures.diagnose("\n".join(result.lines)).cause.name == "rank_killed"  # the doctor's --log
     text = crash_restart.answer(lost, result)
     assert "**3 steps**" in text and "step **8**" in text and "after step **11**" in text
