@@ -19,7 +19,7 @@ from notebook_scripts import written_script
 from course_utils import doctor
 from course_utils.lessons import when_it_breaks
 from course_utils.lessons.exercises import Check
-from course_utils.parallel import hangs
+from course_utils.parallel import hangs, launched_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -217,7 +217,7 @@ def test_the_doctor_shows_the_gpus_the_jobs_ranks_were_given_not_the_whole_share
     ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                               env={**os.environ, "ROCR_VISIBLE_DEVICES": str(gpu)}) for gpu in (2, 3)]
     try:
-        gpus = doctor.job_gpus(doctor._rank_environments([rank.pid for rank in ranks]))
+        gpus = doctor.job_gpus([launched_processes.environment(psutil.Process(rank.pid)) for rank in ranks])
     finally:
         for rank in ranks:
             rank.kill()

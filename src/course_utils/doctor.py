@@ -28,8 +28,9 @@ from pathlib import Path
 
 import psutil
 
+from course_utils.devices import VISIBLE_VARIABLES as VISIBLE_BY_VENDOR
 from course_utils.observe.monitor import BackendUnavailable, Reading, open_backend
-from course_utils.parallel import comm_failures, hangs
+from course_utils.parallel import comm_failures, hangs, launched_processes
 
 COLLECTIVES = {"all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send",
@@ -256,7 +257,7 @@ def _names(looks: list[RankLook]) -> str:
 
 
 # Where a job's GPUs are named: ROCm's physical indices first (HIP's count within them), then CUDA's.
-VISIBLE_VARIABLES = ("ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+VISIBLE_VARIABLES = tuple(name for names in VISIBLE_BY_VENDOR.values() for name in names)
 
 
 def job_gpus(environments: list[dict[str, str]]) -> tuple[set[int], str] | None:
@@ -271,16 +272,6 @@ def job_gpus(environments: list[dict[str, str]]) -> tuple[set[int], str] | None:
             return None
         found |= {int(part) for part in given}
     return (found, named) if environments else None
-
-
-def _rank_environments(pids: list[int]) -> list[dict[str, str]]:
-    environments = []
-    for pid in pids:
-        try:
-            environments.append(psutil.Process(pid).environ())
-        except psutil.Error:
-            continue
-    return environments
 
 
 def the_jobs(readings: list[Reading], gpus: tuple[set[int], str] | None) -> tuple[list[Reading], str]:
@@ -330,7 +321,8 @@ def examine(launcher: int, log: Path | None = None, stack_seconds: float = hangs
     devices, kind = _devices()
     which = ""
     if kind != "cpu":
-        devices, which = the_jobs(devices, job_gpus(_rank_environments(list(pids.values()))))
+        environments = [launched_processes.environment(process) for process in processes.values()]
+        devices, which = the_jobs(devices, job_gpus(environments))
     diagnosis = comm_failures.diagnose(log.read_text(errors="replace")) if log is not None else None
     return Examination(job, ranks, devices, kind, which, diagnosis.sentence() if diagnosis else "",
                        advise(ranks, spinning_gpus(devices) if kind != "cpu" else [], diagnosis))

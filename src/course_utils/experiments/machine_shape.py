@@ -90,8 +90,9 @@ class ParallelShape:
         if self.on_gpus:
             return f"{self.ranks} ranks, one per GPU, talking through NCCL/RCCL"
         here = "one GPU here" if self.gpus == 1 else "no GPU here"
+        active = config.get_size().name
         smaller = (f" The ranks are CPU processes, so this notebook runs the ci size (tiny data, small models) "
-                   f"instead of {config.get_size().name}, and says so." if config.get_size().name != "ci" else "")
+                   f"instead of {active}, and says so." if active != "ci" else "")
         return (f"{here}: the {self.ranks} ranks are CPU processes talking through gloo, one thread each (and one "
                 "process set beside them gets one thread too). They show the mechanics, the memory each rank holds "
                 "and the bytes the ranks move, not GPU speed-ups or GPU communication; for those, ask for 2 or more "

@@ -20,8 +20,9 @@ from course_utils.experiments.machine_shape import CPU_RANKS, cpu_ranks, gpu_cou
 from course_utils.experiments.runs import SCRATCH, Variant, measured_rate, measured_steps, run_ranks, run_variants
 from course_utils.train import train
 
-ONE_DEVICE, DATA_PARALLEL, DDP = Variant("one device"), Variant("DataParallel", distributed="dp"), \
-    Variant("DDP", distributed="ddp")
+ONE_DEVICE = Variant("one device")
+DATA_PARALLEL = Variant("DataParallel", distributed="dp")
+DDP = Variant("DDP", distributed="ddp")
 HOW = ("none", "dp", "ddp")  # the values of a mode's ``distributed`` option
 
 

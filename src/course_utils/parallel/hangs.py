@@ -77,14 +77,14 @@ def slurm_step_ranks(pid: int) -> dict[int, int]:
     """rank -> pid of the tasks on this node of the Slurm step ``pid`` is a task of (the same job and step ids, a
     ``SLURM_PROCID`` each, their loader workers left out): a job whose ranks srun starts itself, without torchrun."""
     try:
-        step = [launched_processes._environment(psutil.Process(pid)).get(name) for name in SLURM_STEP]
+        step = [launched_processes.environment(psutil.Process(pid)).get(name) for name in SLURM_STEP]
     except psutil.Error:
         return {}
     if None in step:
         return {}
     tasks: dict[int, tuple[int, int]] = {}  # pid -> (rank, parent's pid)
     for process in psutil.process_iter():
-        env = launched_processes._environment(process) if launched_processes.same_user(process) else {}
+        env = launched_processes.environment(process) if launched_processes.same_user(process) else {}
         if [env.get(name) for name in SLURM_STEP] == step and env.get("SLURM_PROCID", "").isdigit():
             try:
                 tasks[process.pid] = (int(env["SLURM_PROCID"]), process.ppid())

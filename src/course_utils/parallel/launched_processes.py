@@ -81,7 +81,8 @@ def same_user(process: psutil.Process) -> bool:
         return False
 
 
-def _environment(process: psutil.Process) -> dict[str, str]:
+def environment(process: psutil.Process) -> dict[str, str]:
+    """The process's environment variables; none where it has gone or is another user's."""
     try:
         return process.environ()
     except psutil.Error:
@@ -94,7 +95,7 @@ def find(launch_id: str, started: list[subprocess.Popen]) -> list[psutil.Process
     rank that set its own environment would otherwise hide."""
     found: dict[int, psutil.Process] = {}
     for process in psutil.process_iter():
-        if same_user(process) and _environment(process).get(MARKER) == launch_id:
+        if same_user(process) and environment(process).get(MARKER) == launch_id:
             found[process.pid] = process
     for launcher in started:
         if launcher.returncode is None:
@@ -113,7 +114,7 @@ def ranks(processes: Iterable[psutil.Process], launchers: set[int] = frozenset()
     ``RANK``, its parent has it too: not a rank of its own."""
     carrying = {}
     for process in processes:
-        rank = _environment(process).get("RANK")
+        rank = environment(process).get("RANK")
         if rank is not None and rank.isdigit():
             carrying[process.pid] = (process, int(rank))
     found = {}
