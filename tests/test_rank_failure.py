@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # torchrun and two DDP
 
 def _options(tiny_root, out, **extra):
     return to_flags(size="ci", data_dir=tiny_root, model="small_cnn_gn", train_samples=256, test_samples=32, epochs=2,
-                    batch_size=8, workers=0, log_every=2, checkpoint_every=4, device="cpu", progress=False,
+                    batch_size=8, workers=2, log_every=2, checkpoint_every=4, device="cpu", progress=False,
                     distributed="ddp", out=out, **extra)
 
 
