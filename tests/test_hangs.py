@@ -14,11 +14,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from notebook_scripts import written_script
 
 from course_utils import doctor
 from course_utils.lessons import when_it_breaks
 from course_utils.lessons.exercises import Check
+from course_utils.lessons.script_series import shipped_script
 from course_utils.parallel import hangs, launched_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -28,7 +28,7 @@ BOUND_SECONDS = 120  # a scenario's launch, start-up on a busy machine included
 
 
 def _written(tmp_path: Path, name: str, *replacements: tuple[str, str]) -> Path:
-    script = written_script(NOTEBOOK, name)
+    script = shipped_script(NOTEBOOK, name)
     for old, new in replacements:
         assert old in script, f"the notebook's {name} no longer holds {old!r}"
         script = script.replace(old, new)

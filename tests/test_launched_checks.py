@@ -6,29 +6,23 @@ cells write; the checks are called as the exercise cells call them."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from course_utils.lessons import ddp, memory_ladder, model_parallel
 from course_utils.lessons.exercises import Check
+from course_utils.lessons.script_series import shipped_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # every test here starts torchrun and its ranks
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 CRASHED = "your script failed on rank"
 
 
-def _script(notebook: str, first_line: str) -> str:
-    """The script the notebook's ``%%writefile`` cell whose script begins with ``first_line`` writes."""
-    for cell in json.loads((NOTEBOOKS / notebook).read_text())["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "code" and source.startswith("%%writefile"):
-            script = source.split("\n", 1)[1]
-            if script.startswith(first_line):
-                return script
-    raise AssertionError(f"no %%writefile cell of {notebook} writes a script beginning {first_line!r}")
+def _data_flags(tiny_root: Path) -> list[str]:
+    """The arguments of the series' scripts (07, 09) at a small size, on CPU ranks."""
+    return ["--data-dir", str(tiny_root), "--samples", "256", "--model", "small_cnn", "--batch-size", "32",
+            "--lr", "0.05", "--workers", "0", "--device", "cpu"]
 
 
 def _edited(script: str, *replacements: tuple[str, str]) -> str:
@@ -50,7 +44,7 @@ def _done(check: Check) -> None:
 
 # --- 07: set_epoch ---------------------------------------------------------------------------------------
 
-DDP_SCRIPT = _script("07_ddp.ipynb", '"""Minimal DDP training')
+DDP_SCRIPT = shipped_script("07_ddp.ipynb", "ddp_minimal.py")
 SET_EPOCH = "    sampler.set_epoch(epoch)\n"
 
 
@@ -58,8 +52,7 @@ SET_EPOCH = "    sampler.set_epoch(epoch)\n"
 def ddp_check(tmp_path, tiny_root):
     """The check as the exercise cell calls it, on the learner's script (written to ``script``) at ci."""
     script = tmp_path / "ddp_minimal.py"
-    flags = ["--data-dir", str(tiny_root), "--samples", "256", "--model", "small_cnn", "--batch-size", "32",
-             "--workers", "0", "--epochs", "3", "--max-steps", "2", "--device", "cpu"]
+    flags = [*_data_flags(tiny_root), "--epochs", "3", "--max-steps", "2"]
 
     def check(text: str) -> Check:
         script.write_text(text)
@@ -103,18 +96,19 @@ def test_a_stale_record_is_never_read_when_the_script_writes_none(ddp_check):
 
 # --- 09: fewer, larger groups ----------------------------------------------------------------------------
 
-FSDP_SCRIPT = _script("09_sharding_and_memory.ipynb", '"""Minimal FSDP2')
-BLOCKS = "blocks_to_shard = list(model)[:-1]"
-FIRST_ALONE = (BLOCKS, "blocks_to_shard = list(model)[:1]")
+FSDP_SCRIPT = shipped_script("09_sharding_and_memory.ipynb", "fsdp_minimal.py")
+BLOCKS = "blocks_to_shard = models.blocks(model)\n"
+FIRST_ALONE = (BLOCKS, "blocks_to_shard = models.blocks(model)[:1]\n")
 
 
 @pytest.fixture
-def fsdp_check(tmp_path):
+def fsdp_check(tmp_path, tiny_root):
     script = tmp_path / "fsdp_minimal.py"
 
     def check(text: str) -> Check:
         script.write_text(text)
-        return memory_ladder.check_fewer_groups(script, 2, ["--device", "cpu"])
+        return memory_ladder.check_fewer_groups(script, 2, [*_data_flags(tiny_root), "--epochs", "1",
+                                                            "--max-steps", "2"])
 
     check.record = script.with_name("fsdp_minimal-check.json")
     return check
@@ -128,7 +122,7 @@ def test_only_the_first_block_alone_is_done_and_a_typo_after_it_is_a_failed_laun
 
 
 def test_the_first_block_named_another_way_is_done(fsdp_check):
-    _done(fsdp_check(_edited(FSDP_SCRIPT, (BLOCKS, "blocks_to_shard = [model[0]]"))))
+    _done(fsdp_check(_edited(FSDP_SCRIPT, (BLOCKS, "blocks_to_shard = [model[0]]\n"))))
 
 
 def test_the_script_as_it_was_is_not_yet_without_telling_to_do_what_was_done(fsdp_check):
@@ -138,8 +132,8 @@ def test_the_script_as_it_was_is_not_yet_without_telling_to_do_what_was_done(fsd
 
 
 @pytest.mark.parametrize("edits, said", [
-    ([(BLOCKS, "blocks_to_shard = []")], "one group holds the whole model"),
-    ([(BLOCKS, "blocks_to_shard = list(model)[:2]")], "the exercise asks for two"),
+    ([(BLOCKS, "blocks_to_shard = []\n")], "one group holds the whole model"),
+    ([(BLOCKS, "blocks_to_shard = models.blocks(model)[:2]\n")], "the exercise asks for two"),
     ([FIRST_ALONE, ("fully_shard(model)\n", "")], "some layers are in no group"),
 ], ids=["no block alone", "two blocks alone", "root not sharded"])
 def test_other_groupings_are_not_yet_and_say_what_the_script_did(fsdp_check, edits, said):
@@ -155,7 +149,7 @@ def test_a_stale_fsdp_record_is_never_read(fsdp_check):
 
 # --- 11: the collective the backward pass needs ------------------------------------------------------------
 
-TP_SCRIPT = _script("11_tensor_and_pipeline_parallel.ipynb", '"""One MLP block split over the ranks by hand')
+TP_SCRIPT = shipped_script("11_tensor_and_pipeline_parallel.ipynb", "tp_by_hand.py")
 BACKWARD_ALL_REDUCE = "        grad = grad.clone()\n        dist.all_reduce(grad)\n        return grad\n"
 FORWARD_ALL_REDUCE = "        partial = partial.clone()\n        dist.all_reduce(partial)\n        return partial\n"
 

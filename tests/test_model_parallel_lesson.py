@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from notebook_scripts import written_script
 
 from course_utils import config
 from course_utils.experiments.machine_shape import parallel_shape
 from course_utils.lessons import model_parallel
+from course_utils.lessons.script_series import shipped_script
 from course_utils.parallel import tensor_parallel
 from course_utils.parallel.layout import Layout
 from course_utils.training import models
@@ -20,7 +20,7 @@ NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "11_tensor_and_pipeline_
 
 
 def _script(name: str) -> str:
-    return written_script(NOTEBOOK.name, name)
+    return shipped_script(NOTEBOOK.name, name)
 
 
 def _run(tmp_path, name: str, text: str | None = None) -> Path:
@@ -47,6 +47,38 @@ def test_the_dtensor_split_block_matches_the_whole_block(tmp_path):
     assert check["same"].all(), check
     assert {"output", "input gradient", "attention_norm.weight gradient", "mlp.down.weight gradient"} <= set(
         check["tensor"])
+
+
+SPLIT_FLAGS = ["--samples", "256", "--model", "vit_tiny", "--batch-size", "16", "--lr", "0.05", "--workers", "2",
+               "--epochs", "1", "--max-steps", "3", "--device", "cpu"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_split_training_script_trains_what_one_rank_trains_and_an_edit_that_feeds_ranks_apart_parts(
+        tmp_path, tiny_root):
+    """The series' tensor-parallel step on 1 and 2 ranks, with loader workers: every step's loss agrees and each
+    rank keeps less; then each rank seeded apart (so each reads other images) is told apart by the losses."""
+    script = tmp_path / "tp_minimal.py"
+    script.write_text(_script("tp_minimal.py"))
+    flags = ["--data-dir", str(tiny_root), *SPLIT_FLAGS]
+    split = model_parallel.split_training(script, 2, flags)
+    assert list(split["ranks"]) == [1, 2] and all(len(losses) == 3 for losses in split["losses"])
+    assert split.loc[1, "parameters_mib"] < 0.75 * split.loc[0, "parameters_mib"]
+    answer = model_parallel.split_training_answer(split)
+    assert "the split trains the same model" in answer and "split 2 ways" in answer, answer
+
+    script.write_text(_script("tp_minimal.py").replace("torch.manual_seed(0)", "torch.manual_seed(rank)"))
+    apart = model_parallel.split_training_answer(model_parallel.split_training(script, 2, flags))
+    assert "part" in apart and "trains the same model" not in apart, apart
+
+
+def test_the_split_answer_says_nothing_was_split_when_a_rank_keeps_the_whole_model():
+    table = pd.DataFrame([{"ranks": ranks, "losses": [4.6, 4.5], "model_mib": 0.43, "blocks_mib": 0.38,
+                           "parameters_mib": 0.43, "gradients_mib": 0.43, "optimizer_state_mib": 0.87}
+                          for ranks in (1, 2)])
+    answer = model_parallel.split_training_answer(table)
+    assert "nothing was split" in answer and "split 2 ways" not in answer, answer
 
 
 def _bubble_cell() -> str:

@@ -182,8 +182,9 @@ def judge_fewer_groups(record: dict[str, Any]) -> Check:
     """With only the first block in a group of its own, the script's groups must be exactly two: that block,
     and the root's with every other layer; and each rank must still keep 1/N of the parameters (the root's
     ``fully_shard`` shards what the blocks left). Other groups name what the script that ran did instead."""
-    layers, groups, world = record["layers_mib"], sorted(record["groups_mib"]), record["world_size"]
-    held, whole = _ranks_table(record), record["model_mib"]
+    groups, world, whole = sorted(record["groups_mib"]), record["world_size"], record["model_mib"]
+    layers = [*record["blocks_mib"], whole - sum(record["blocks_mib"])]  # the model's blocks, then the rest
+    held = _ranks_table(record)
     kept = held[["parameters_mib", "gradients_mib", "optimizer_state_mib"]].sum(axis=1).max()
     asked = sorted([layers[0], sum(layers[1:])])
     per_block = sorted(layers)  # every block in a group of its own, the head in the root's
@@ -209,7 +210,7 @@ def judge_fewer_groups(record: dict[str, Any]) -> Check:
     if len(groups) == 1:
         return Check(False, f"one group holds the whole model ({groups[0]:.2f} MiB), gathered at once: no block is "
                             "in a group of its own. The exercise keeps the first block alone: "
-                            "`blocks_to_shard = list(model)[:1]`.")
+                            "`blocks_to_shard = models.blocks(model)[:1]`.")
     return Check(False, f"your script's groups hold {_listed(groups)}; the exercise asks for two: the first block "
                         f"alone ({layers[0]:.2f} MiB) and the root's with every other layer ({sum(layers[1:]):.2f} "
                         "MiB). Put only the first block in `blocks_to_shard`.")

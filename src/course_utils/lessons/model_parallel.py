@@ -11,6 +11,7 @@ Where the ranks run is :func:`course_utils.experiments.machine_shape.parallel_sh
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -119,6 +120,49 @@ def check_block_split(folder: Path, heads: int) -> pd.DataFrame:
              "input gradient": (torch.cat([rank["tokens_grad"] for rank in ranks], dim=1), tokens_grad)}
     pairs |= {f"{name} gradient": (first["grads"][name], grad) for name, grad in grads.items()}
     return _compare(pairs)
+
+
+def split_training(script: Path, ranks: int, flags: Sequence[str], timeout_seconds: float = 600) -> pd.DataFrame:
+    """The learner's tensor-parallel training script launched on one rank (nothing split) and on ``ranks``: per
+    run, each step's loss and what rank 0 kept. Each run's record is removed before its launch, so only what
+    this launch wrote is read; a failed launch raises, naming the script."""
+    rows = []
+    for count in (1, ranks):
+        record = Path(script).with_name(f"{Path(script).stem}-{count}-ranks.json")
+        record.unlink(missing_ok=True)
+        run_script(count, script, *flags, "--out", str(record), timeout_seconds=timeout_seconds)
+        if not record.is_file():
+            raise FileNotFoundError(f"{Path(script).name} ran on {count} rank(s) but wrote no {record.name}: "
+                                    "keep its last lines, which write the record")
+        saved = json.loads(record.read_text())
+        rows.append({"ranks": count, "losses": saved["losses"], "model_mib": saved["model_mib"],
+                     "blocks_mib": saved["blocks_mib"], **saved["ranks"][0]})
+    return pd.DataFrame(rows)
+
+
+def split_training_answer(table: pd.DataFrame) -> str:
+    """Markdown: whether the split trained exactly what one rank trains, and what each rank kept."""
+    one, split = table.iloc[0], table.iloc[-1]
+    steps = min(len(one.losses), len(split.losses))
+    apart = max(abs(a - b) / abs(b) for a, b in zip(split.losses[:steps], one.losses[:steps]))
+    same = steps == len(one.losses) == len(split.losses) and torch.allclose(
+        torch.tensor(split.losses), torch.tensor(one.losses), **TOLERANCE)
+    verdict = (f"- Every one of the {steps} steps' losses on {split.ranks} ranks is the loss on one rank, at most "
+               f"{apart:.1e} apart (float sums in another order): the split trains the same model." if same else
+               f"- The losses on {split.ranks} ranks and on one rank part (up to {apart:.1e} apart over {steps} "
+               "steps, beyond float rounding): the split no longer computes what the whole model computes.")
+    rest = one.model_mib - one.blocks_mib
+    if split.parameters_mib >= 0.99 * one.parameters_mib:
+        return "\n".join([verdict, f"- Each of the {split.ranks} ranks keeps all {split.parameters_mib:.2f} MiB of "
+                           "the parameters, as one rank alone does: nothing was split. Does the script still call "
+                           "`parallelize`?"])
+    return "\n".join([verdict,
+        f"- Each of the {split.ranks} ranks keeps **{split.parameters_mib:.2f} MiB** of parameters (one rank alone: "
+        f"{one.parameters_mib:.2f} MiB): the blocks' {one.blocks_mib:.2f} MiB split {split.ranks} ways, except their "
+        f"norms and the row-wise layers' biases, and the embedding and head ({rest:.2f} MiB) whole on every rank. "
+        f"Gradients and AdamW's state follow: {split.gradients_mib:.2f} and {split.optimizer_state_mib:.2f} MiB.",
+        "- Unlike FSDP (09), no rank gathers a layer whole, and the activations inside a block are split too; but "
+        "every rank reads the whole batch, and every block waits for collectives in its forward and backward pass."])
 
 
 def gpipe_bubble(stages: int, microbatches: int) -> float:

@@ -1,4 +1,5 @@
-"""Joining and leaving the process group, from torchrun's or Slurm's environment; rank-aware printing (notebooks 06-08).
+"""Joining and leaving the process group, from torchrun's or Slurm's environment; rank-aware printing
+(notebooks 06-09 and 11, and the learner's scripts).
 
 torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK`` (the node), ``MASTER_ADDR`` and
 ``MASTER_PORT``. Under ``srun`` without torchrun, Slurm sets ``SLURM_PROCID``, ``SLURM_LOCALID``,
@@ -123,6 +124,16 @@ def join(timeout_seconds: float = 600, backend: str | None = None, alone: bool =
     _store = dist.PrefixStore(f"course/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
     dist.init_process_group(backend, store=_store, rank=where.rank, world_size=where.world_size, timeout=timeout)
     return where
+
+
+def join_with_device(device_kind: str) -> tuple[int, int, torch.device]:
+    """The one line with which the learner's torchrun scripts join (notebooks 07, 09 and 11): the group of
+    :func:`join`, even a group of one, over NCCL (RCCL on ROCm) between GPUs or gloo between CPU processes,
+    whatever else the machine has; and this rank's rank, the world size and its device (``cuda``: the GPU of
+    its local rank)."""
+    on_gpu = device_kind == "cuda"
+    where = join(backend="nccl" if on_gpu else "gloo", alone=True)
+    return where.rank, where.world_size, devices.default_device() if on_gpu else torch.device("cpu")
 
 
 def stop_with_the_others(timeout_seconds: float = 10.0) -> None:

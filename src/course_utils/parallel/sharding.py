@@ -15,6 +15,8 @@ and copies them to the GPU when needed: the largest models fit, each step pays f
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import distributed as dist
 from torch import nn
@@ -58,6 +60,22 @@ def shard(model: nn.Module, blocks: list[nn.Module], amp_dtype: torch.dtype | No
         fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload_policy)
     fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload_policy)
     return model
+
+
+def whole_bytes(parameters: Iterable[torch.Tensor]) -> int:
+    """The bytes of ``parameters`` whole: every rank's shards together."""
+    return sum(parameter.numel() * parameter.element_size() for parameter in parameters)
+
+
+def group_bytes(model: nn.Module) -> list[int]:
+    """The whole size of each FSDP group of ``model``: its own parameters, not those of a group below it. A rank
+    gathers a group whole while the group runs, so the largest sets the peak that sharding leaves."""
+    groups = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    sizes = []
+    for group in groups:
+        below = {id(p) for sub in group.modules() if sub is not group and sub in groups for p in sub.parameters()}
+        sizes.append(whole_bytes(p for p in group.parameters() if id(p) not in below))
+    return sizes
 
 
 def is_sharded(model: nn.Module) -> bool:
