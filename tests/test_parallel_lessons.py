@@ -78,7 +78,7 @@ def test_a_missing_record_names_the_cell_that_writes_it(tmp_path):
 
 
 def _fsdp_record(groups, parameters=1.0):
-    return {"world_size": 2, "model_mib": 4.0, "layers_mib": [1.0, 1.0, 1.0, 1.0], "groups_mib": groups,
+    return {"world_size": 2, "model_mib": 4.0, "blocks_mib": [1.0, 1.0, 1.0], "groups_mib": groups,  # 1.0 left
             "ranks": [{"parameters_mib": parameters, "gradients_mib": parameters, "optimizer_state_mib": 2 * parameters,
                        "largest_group_mib": max(groups)} for _ in range(2)]}
 
