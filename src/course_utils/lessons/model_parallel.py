@@ -148,9 +148,10 @@ def split_training_answer(table: pd.DataFrame) -> str:
     same = steps == len(one.losses) == len(split.losses) and torch.allclose(
         torch.tensor(split.losses), torch.tensor(one.losses), **TOLERANCE)
     verdict = (f"- Every one of the {steps} steps' losses on {split.ranks} ranks is the loss on one rank, at most "
-               f"{apart:.1e} apart (float sums in another order): the split trains the same model." if same else
+               f"{apart:.1e} apart, relative (float sums in another order): the split trains the same model."
+               if same else
                f"- The losses on {split.ranks} ranks and on one rank part (up to {apart:.1e} apart over {steps} "
-               "steps, beyond float rounding): the split no longer computes what the whole model computes.")
+               "steps, relative; beyond float rounding): the split no longer computes what the whole model computes.")
     rest = one.model_mib - one.blocks_mib
     if split.parameters_mib >= 0.99 * one.parameters_mib:
         return "\n".join([verdict, f"- Each of the {split.ranks} ranks keeps all {split.parameters_mib:.2f} MiB of "
