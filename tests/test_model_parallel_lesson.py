@@ -72,6 +72,11 @@ def test_the_split_training_script_trains_what_one_rank_trains_and_an_edit_that_
     apart = model_parallel.split_training_answer(model_parallel.split_training(script, 2, flags))
     assert "part" in apart and "trains the same model" not in apart, apart
 
+    script.write_text(_script("tp_minimal.py").replace("parallelize(model,", "parallelise(model,"))
+    with pytest.raises(RuntimeError, match="tp_minimal.py failed on 1 rank "):
+        model_parallel.split_training(script, 2, flags)  # a typo after right attempts: raised, nothing read
+    assert not script.with_name("tp_minimal-1-ranks.json").exists()
+
 
 def test_the_split_answer_says_nothing_was_split_when_a_rank_keeps_the_whole_model():
     table = pd.DataFrame([{"ranks": ranks, "losses": [4.6, 4.5], "model_mib": 0.43, "blocks_mib": 0.38,
@@ -79,6 +84,9 @@ def test_the_split_answer_says_nothing_was_split_when_a_rank_keeps_the_whole_mod
                           for ranks in (1, 2)])
     answer = model_parallel.split_training_answer(table)
     assert "nothing was split" in answer and "split 2 ways" not in answer, answer
+    table["losses"] = [[], []]
+    answer = model_parallel.split_training_answer(table)
+    assert "no step's loss" in answer and "same model" not in answer, answer
 
 
 def _bubble_cell() -> str:

@@ -187,7 +187,7 @@ def judge_fewer_groups(record: dict[str, Any]) -> Check:
     held = _ranks_table(record)
     kept = held[["parameters_mib", "gradients_mib", "optimizer_state_mib"]].sum(axis=1).max()
     asked = sorted([layers[0], sum(layers[1:])])
-    per_block = sorted(layers)  # every block in a group of its own, the head in the root's
+    per_block = sorted(layers)  # every block in a group of its own, the rest in the root's
 
     def same(a: Sequence[float], b: Sequence[float]) -> bool:
         return len(a) == len(b) and all(abs(x - y) <= 1e-3 * max(1.0, y) for x, y in zip(a, b))

@@ -59,8 +59,8 @@ def run_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 12
     """:func:`start_script`, and an error naming the script when a rank failed."""
     result = start_script(ranks, script, *args, timeout_seconds=timeout_seconds)
     if not result.ok:
-        raise RuntimeError(f"{Path(script).name} failed on {ranks} ranks (exit code {result.returncode}); see the "
-                           "ranks' output above")
+        raise RuntimeError(f"{Path(script).name} failed on {ranks} rank{'s' if ranks != 1 else ''} (exit code "
+                           f"{result.returncode}); see the ranks' output above")
     return result
 
 
@@ -144,6 +144,9 @@ def split_training_answer(table: pd.DataFrame) -> str:
     """Markdown: whether the split trained exactly what one rank trains, and what each rank kept."""
     one, split = table.iloc[0], table.iloc[-1]
     steps = min(len(one.losses), len(split.losses))
+    if not steps:
+        return (f"- A run recorded no step's loss ({len(one.losses)} on one rank, {len(split.losses)} on "
+                f"{split.ranks}): nothing to compare. Does the script still append each step's loss to `losses`?")
     apart = max(abs(a - b) / abs(b) for a, b in zip(split.losses[:steps], one.losses[:steps]))
     same = steps == len(one.losses) == len(split.losses) and torch.allclose(
         torch.tensor(split.losses), torch.tensor(one.losses), **TOLERANCE)
@@ -152,7 +155,6 @@ def split_training_answer(table: pd.DataFrame) -> str:
                if same else
                f"- The losses on {split.ranks} ranks and on one rank part (up to {apart:.1e} apart over {steps} "
                "steps, relative; beyond float rounding): the split no longer computes what the whole model computes.")
-    rest = one.model_mib - one.blocks_mib
     if split.parameters_mib >= 0.99 * one.parameters_mib:
         return "\n".join([verdict, f"- Each of the {split.ranks} ranks keeps all {split.parameters_mib:.2f} MiB of "
                            "the parameters, as one rank alone does: nothing was split. Does the script still call "
@@ -160,7 +162,8 @@ def split_training_answer(table: pd.DataFrame) -> str:
     return "\n".join([verdict,
         f"- Each of the {split.ranks} ranks keeps **{split.parameters_mib:.2f} MiB** of parameters (one rank alone: "
         f"{one.parameters_mib:.2f} MiB): the blocks' {one.blocks_mib:.2f} MiB split {split.ranks} ways, except their "
-        f"norms and the row-wise layers' biases, and the embedding and head ({rest:.2f} MiB) whole on every rank. "
+        f"norms and the row-wise layers' biases, and the embedding and head ({one.model_mib - one.blocks_mib:.2f} MiB) "
+        "whole on every rank. "
         f"Gradients and AdamW's state follow: {split.gradients_mib:.2f} and {split.optimizer_state_mib:.2f} MiB.",
         "- Unlike FSDP (09), no rank gathers a layer whole, and the activations inside a block are split too; but "
         "every rank reads the whole batch, and every block waits for collectives in its forward and backward pass."])

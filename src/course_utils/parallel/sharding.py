@@ -73,7 +73,7 @@ def group_bytes(model: nn.Module) -> list[int]:
     groups = [module for module in model.modules() if isinstance(module, FSDPModule)]
     sizes = []
     for group in groups:
-        below = {id(p) for sub in group.modules() if sub is not group and sub in groups for p in sub.parameters()}
+        below = {id(p) for sub in group.modules() if sub is not group and is_sharded(sub) for p in sub.parameters()}
         sizes.append(whole_bytes(p for p in group.parameters() if id(p) not in below))
     return sizes
 
