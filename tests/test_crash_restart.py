@@ -1,7 +1,11 @@
 """Notebook 12's crash and restart: a rank killed mid-run, torchrun restarting the job, the run resuming from its
 checkpoint on its own, and the time lost read from its records; nothing of the launch left running."""
 
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -10,6 +14,7 @@ import pytest
 from course_utils.lessons import crash_restart
 from course_utils.parallel import comm_failures
 from course_utils.train import train
+from course_utils.training.options import to_flags
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -46,3 +51,33 @@ def test_a_drill_step_the_run_never_trains_is_refused_before_any_step(quick):
     with pytest.raises(ValueError, match=r"--crash-at-step 99 is past the run's last step \(16\)"):
         train(**quick, crash_at_step=99)
     assert not (Path(quick["out"]) / "checkpoints").exists()
+    with pytest.raises(ValueError, match=r"past the run's last step \(5\): choose a step the run trains, or raise "
+                                         r"--max-steps"):
+        train(**quick, max_steps=5, crash_at_step=9)  # --max-steps set the limit: raising --epochs would not help
+
+
+def _drill(tiny_root: Path, out: Path, env: dict[str, str] | None = None, **extra) -> subprocess.CompletedProcess:
+    """The training command with the drill at step 3, as one process (it is its own last rank)."""
+    flags = to_flags(size="ci", data_dir=str(tiny_root), model="small_cnn", train_samples=128, test_samples=32,
+                     epochs=1, batch_size=16, workers=2, log_every=1, checkpoint_every=2, device="cpu",
+                     progress=False, crash_at_step=3, out=str(out), **extra)
+    return subprocess.run([sys.executable, "-m", "course_utils.train", *flags], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_the_drill_fires_once_whatever_starts_the_run_again(tiny_root, tmp_path):
+    """The first attempt dies at the drill step; continued by hand with --resume auto it trains on (before, it died
+    at the same step on every attempt); a new run in the folder drills again."""
+    out = tmp_path / "run"
+    first = _drill(tiny_root, out, resume="auto")
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    again = _drill(tiny_root, out, resume="auto")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming from" in again.stdout + again.stderr
+    assert _drill(tiny_root, out, overwrite=True).returncode == -signal.SIGKILL  # a new run, not another attempt
+
+
+def test_a_slurm_requeue_is_not_the_first_attempt(tiny_root, tmp_path):
+    """Slurm sets SLURM_RESTART_COUNT on a requeued job (torchrun's own counter is then unset): no drill."""
+    requeued = _drill(tiny_root, tmp_path / "run", env={"SLURM_RESTART_COUNT": "1"})
+    assert requeued.returncode == 0, requeued.stderr[-2000:]

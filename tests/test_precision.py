@@ -82,17 +82,6 @@ def test_cuda_graphs_stage_says_why_on_cpu():
     assert "no GPU" in unavailable(STAGES[-1], CPU, "small_cnn")
 
 
-@pytest.mark.slow
-def test_compile_trains_and_loss_falls(tiny_root, tmp_path):
-    # The model, shapes and options of notebook 05's compile stage on a CPU without fast bf16, so the two share
-    # inductor's cache.
-    summary = train(size="ci", data_dir=str(tiny_root), test_samples=64, epochs=2, log_every=2, out=str(tmp_path),
-                    channels_last=True, fused_optimizer=True, compile="default", progress=False,
-                    device="cpu")
-    assert _loss_falls(tmp_path)
-    assert summary["first_iteration_seconds"][0] > 2 * summary["steady_iteration_seconds"]  # compiling is paid once
-
-
 def _progression(losses: list[float], top1: list[float], first: list[float], spread: float = 0.02,
                  rates: tuple[float, ...] = (100.0, 110.0, 115.0, 160.0)) -> pd.DataFrame:
     """Four stages whose steady iterations lie ``spread`` either side of ``rates``."""

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,44 @@ def test_end_process_ends_the_same_rank_cleanly(tmp_path, free_port):
     rank0 = _rank_zero_of(script, "end_process", tmp_path, free_port)
     assert rank0.returncode == 0, rank0.stdout
     assert (tmp_path / "end_process-rank0-exiting").exists()
+
+
+POOL_SCRIPT = textwrap.dedent('''
+    import atexit, sys, threading, time
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from course_utils.parallel.process_group import end_process
+
+    folder = Path(sys.argv[1])
+    pool = ThreadPoolExecutor(2)  # idle workers once their work is done, as torch.compile's compile workers are
+    assert pool.submit(sum, [1, 2]).result() == 3
+
+    def late_work():  # a thread still working at the end: Python waits for it, and so must end_process
+        time.sleep(1)
+        (folder / "late-work-done").touch()
+
+    threading.Thread(target=late_work).start()
+    atexit.register(lambda: (folder / "exit-handler-ran").touch())
+    print("work done", flush=True)
+    end_process(3)
+''')
+
+
+def test_end_process_does_not_wait_for_idle_pool_workers(tmp_path):
+    """An idle thread pool's workers leave only when the interpreter's shutdown tells their pool to stop: joining
+    them first (the earlier end_process) waited for ever, after the command's last line. Ended as Python does,
+    the process exits with its code, after the working thread finished and the exit handlers ran."""
+    script = tmp_path / "pool.py"
+    script.write_text(POOL_SCRIPT)
+    process = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "work done\n"
+        seconds = time.monotonic()
+        code = process.wait(timeout=60)
+        seconds = time.monotonic() - seconds
+    finally:
+        process.kill()
+    assert code == 3
+    assert seconds < 20, f"{seconds:.1f} s from its last line to its exit"
+    assert (tmp_path / "late-work-done").exists() and (tmp_path / "exit-handler-ran").exists()

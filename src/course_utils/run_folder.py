@@ -18,6 +18,7 @@ MONITOR = "monitor.csv"
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
 PREEMPTED = "PREEMPTED"
+CRASH_DRILL_DONE = "CRASH_DRILL_DONE"
 HOLD = ".hold"
 
 
@@ -68,6 +69,11 @@ class RunFolder:
         return self.path / PREEMPTED
 
     @property
+    def crash_drill_done(self) -> Path:
+        """The marker the crash drill (``--crash-at-step``) leaves before its rank dies: later attempts train on."""
+        return self.path / CRASH_DRILL_DONE
+
+    @property
     def hold(self) -> Path:
         """The file a running run keeps locked, so that a second run in the same folder refuses to start."""
         return self.path / HOLD
@@ -76,7 +82,7 @@ class RunFolder:
     def own_paths(self) -> list[Path]:
         """What the course writes under the names it gives, in the folder and its checkpoints folder."""
         return [self.hold, self.metrics, self.summary, self.tensorboard, self.monitor, self.preempted,
-                self.checkpoints, self.last_checkpoint]
+                self.crash_drill_done,                 self.checkpoints, self.last_checkpoint]
 
     def read_summary(self) -> dict[str, Any]:
         """The finished run's ``summary.json``; a clear error when the run did not finish."""

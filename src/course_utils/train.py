@@ -39,8 +39,8 @@ def describe_error(error: BaseException) -> str:
     it; a full disk and the operating system's errors get the file and the fix."""
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
         where = f" writing {error.filename}" if error.filename else ""
-        return (f"disk full{where}: free space there or choose another --out; the checkpoints already written "
-                "are whole (every write is atomic), and --resume auto continues from the last one")
+        return (f"disk full{where}: free space there, then run the same command with --resume auto (the same --out): "
+                "it continues from the last checkpoint, which is whole (every write is atomic)")
     if isinstance(error, OSError) and error.strerror:
         return error.strerror + (f": {error.filename}" if error.filename else "")
     if isinstance(error, (ValueError, RuntimeError, OSError)):

@@ -175,9 +175,10 @@ def leave(together: bool = False) -> None:
 
 
 def end_process(code: int = 0) -> NoReturn:
-    """End this process as Python would, minus the interpreter's teardown: the other Python threads are
-    joined, the exit handlers run and the output is flushed, then the process ends with ``code``. Only for
-    the end of a script or command, never inside a notebook's kernel.
+    """End this process as Python would, minus the interpreter's teardown: Python's own first step of shutting
+    down runs (thread pools are told to stop, then the other threads are joined), the exit handlers run and the
+    output is flushed, then the process ends with ``code``. Only for the end of a script or command, never inside
+    a notebook's kernel.
 
     Why. ``destroy_process_group`` does not end gloo's worker threads while something still holds the group,
     and PyTorch does: DDP's reducer, DTensor's device mesh (cached by DTensor itself), FSDP. A worker that has
@@ -186,11 +187,12 @@ def end_process(code: int = 0) -> NoReturn:
     Python ends that thread with ``pthread_exit``; the unwinding meets a C++ destructor that may not throw,
     and the rank dies of SIGABRT with "terminate called without an active exception", after its work was
     done. Without the teardown no thread is stopped half-way: the operating system ends them all at once.
+
+    The threads are joined the way the interpreter joins them (``threading._shutdown``), not one by one: the
+    idle workers of a thread pool (torch.compile's, an executor's) leave only when the shutdown tells their pool
+    to stop, and joining them before that would wait for ever.
     """
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # what Python runs first at its exit: the pools' stop, then every non-daemon thread joined
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

@@ -38,7 +38,7 @@ class Loop:
     def __init__(self, setup: Setup) -> None:
         self.setup, self.cfg = setup, setup.cfg
         self.plan = Plan.of(setup)
-        fault_drill.refuse_unreachable(self.cfg.crash_at_step, self.plan)
+        fault_drill.refuse_unreachable(self.cfg.crash_at_step, self.plan, self.cfg.max_steps)
         self.scheduler = scheduler(setup, self.plan)
         self.state = RunState(setup, self.scheduler)
         self.life = RunLife(setup, self.plan, self.state)
@@ -98,7 +98,8 @@ class Loop:
             log_point = position.step % self.cfg.log_every == 0 or self._epoch_done()
             if log_point:  # log: reading the loss waits for the device, so only every --log-every steps
                 self.log.log_point(position, self.scheduler.get_last_lr()[0])
-            fault_drill.crash_if_due(self.cfg.crash_at_step, position.step, setup.where)  # notebook 12's crash
+            # notebook 12's crash, on the job's first attempt only
+            fault_drill.crash_if_due(self.cfg.crash_at_step, position.step, setup.where, self.life.folder)
             if self._epoch_done():
                 break  # the epoch's end checkpoints in run(), before its evaluation
             stop = self.life.stop_requested(log_point)  # SIGTERM, SIGUSR1 or Ctrl-C; under DDP, on any rank

@@ -86,6 +86,8 @@ class RunLife:
         checkpoint.check_writable(folder.checkpoints)
         if not state.resumed_from:
             self._replace_earlier_run(say)
+        if not self.cfg.resume:  # a new run, not another attempt at this one: the crash drill fires again
+            folder.crash_drill_done.unlink(missing_ok=True)
         checkpoint.remove_partial(folder.checkpoints)
         folder.summary.unlink(missing_ok=True)  # a folder with checkpoints and no summary holds an unfinished run
         for reason in state.skipped:

@@ -1,0 +1,153 @@
+"""Every command ends by itself: the training command with each option that starts machinery of its own (a
+compiler's thread pools, a loader's workers or pipeline, the monitor's sampler, the profiler, TensorBoard's
+writer, each way of spreading a run), alone and under torchrun on 2 ranks, exits with its code within seconds of
+its last line.
+
+A process that outlives its work is a hang a learner meets from a terminal, and under torchrun on a GPU node every
+rank holds its memory until Slurm's limit. The cold compile cache matters: Inductor starts its compile workers only
+when it really compiles, and a warm cache hides a process that waits for them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from course_utils.lessons.script_series import shipped_script
+from course_utils.parallel.launch import torchrun_command
+from course_utils.training.options import to_flags
+
+pytestmark = [pytest.mark.slow]
+
+# Python's exit handlers and torchrun's agent take a second or two after the last line, on a busy machine a few
+# more; a process held open by a thread nobody stops never exits.
+LAST_LINE_TO_EXIT_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A process run to its end: its code, its output, and how long it lived after its last line."""
+
+    code: int
+    output: str
+    seconds_after_last_line: float
+
+
+def run_to_end(command: list[str], env: dict[str, str], timeout: float = 600) -> Ended:
+    """Run ``command`` in a session of its own, reading its output as it comes; a process still alive after
+    ``timeout`` is ended with its whole session and reported as such."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
+    lines: list[bytes] = []
+    last_line = [time.monotonic()]
+
+    def read() -> None:
+        for line in iter(process.stdout.readline, b""):
+            lines.append(line)
+            last_line[0] = time.monotonic()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait()
+        output = b"".join(lines).decode(errors="replace")
+        pytest.fail(f"still alive {time.monotonic() - last_line[0]:.0f} s after its last line, ended after "
+                    f"{timeout:g} s: {' '.join(command)}\n{output[-3000:]}")
+    ended = time.monotonic()
+    reader.join(timeout=10)
+    return Ended(code, b"".join(lines).decode(errors="replace"), ended - last_line[0])
+
+
+def _flags(tiny_root: Path, out: Path, **options) -> list[str]:
+    quick = dict(size="ci", data_dir=str(tiny_root), train_samples=128, test_samples=64, batch_size=16, max_steps=4,
+                 log_every=2, workers=0, progress=False, out=str(out))
+    return to_flags(**{**quick, **options})
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    # A compile cache of the test's own, empty: the compiler really compiles, as on a learner's first run.
+    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache"), "OMP_NUM_THREADS": "1"}
+
+
+# (name, ranks, options, exit code): each starts machinery of its own; the single-process ones run the course's
+# default --distributed none, the launched ones every way of spreading a run over gloo ranks (TensorBoard's
+# writer runs in all of them). The compile modes are the two notebook 05 teaches (its torch.compile and CUDA
+# graphs stages), each with a cold cache.
+OPTIONS = [
+    ("compile default", 1, dict(compile="default", channels_last=True, fused_optimizer=True, max_steps=None,
+                                epochs=2), 0),
+    ("loader dali", 1, dict(loader="dali", workers=2), 0),
+    ("loader gpu-aug", 1, dict(loader="gpu-aug", workers=2), 0),
+    ("loader resident", 1, dict(loader="resident"), 0),
+    ("dp", 1, dict(distributed="dp"), 0),
+    ("ddp with 2 workers, the monitor, a trace, bf16, compiled for CUDA graphs", 2,
+     dict(distributed="ddp", workers=2, monitor="auto", amp="bf16", compile="reduce-overhead"), 0),
+    ("fsdp with activation checkpointing", 2, dict(distributed="fsdp", activation_checkpointing=True), 0),
+    ("tp", 2, dict(distributed="tp", model="vit_tiny"), 0),
+    ("fsdp-tp", 4, dict(distributed="fsdp-tp", model="vit_tiny", tp_size=2), 0),
+]
+
+
+@pytest.mark.parametrize(("name", "ranks", "options", "code"), OPTIONS, ids=[name for name, *_ in OPTIONS])
+def test_the_command_ends_within_seconds_of_its_last_line(name, ranks, options, code, tiny_root, tmp_path):
+    out = tmp_path / "run"
+    flags = _flags(tiny_root, out, **options)
+    if "monitor" in options:  # the profiler beside the monitor's sampler
+        flags += ["--trace", str(tmp_path / "trace")]
+    if ranks == 1:
+        command = [sys.executable, "-m", "course_utils.train", *flags]
+    else:
+        command = torchrun_command(ranks, "course_utils.train", tuple(flags), tmp_path / "logs")
+    ended = run_to_end(command, _env(tmp_path))
+    print(f"{name}: exit {ended.code}, {ended.seconds_after_last_line:.2f} s after its last line")
+    assert ended.code == code, ended.output[-3000:]
+    assert ended.seconds_after_last_line < LAST_LINE_TO_EXIT_SECONDS, ended.output[-3000:]
+    assert (out / "summary.json").is_file() == (code == 0)
+    if name == "compile default":  # notebook 05's compile stage: it trains, and compiling is paid once
+        assert _loss_falls(out)
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["first_iteration_seconds"][0] > 2 * summary["steady_iteration_seconds"]
+
+
+def _loss_falls(out: Path) -> bool:
+    losses = [record["loss"] for record in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+              if "loss" in record and "step" in record]
+    return losses[-1] < losses[0]
+
+
+SERIES = ["--samples", "256", "--model", "small_cnn", "--batch-size", "32", "--lr", "0.05", "--workers", "2",
+          "--device", "cpu", "--epochs", "1", "--max-steps", "3"]
+# (notebook, script, its arguments): the torchrun scripts of the series (07, 09) and 11's DTensor block, the one
+# whose ranks aborted in Python's teardown, as the course ships them, with loader workers where there is a loader.
+# 11's other scripts and 12's end through the same end_process, and are launched by their own tests.
+RECORD = ["--out", "{out}/record.json"]
+SCRIPTS = [
+    ("07_ddp.ipynb", "ddp_minimal.py", ["--data-dir", "{data}", *SERIES, *RECORD]),
+    ("09_sharding_and_memory.ipynb", "fsdp_minimal.py", ["--data-dir", "{data}", *SERIES, *RECORD]),
+    ("11_tensor_and_pipeline_parallel.ipynb", "tp_dtensor.py", ["{out}", "cpu"]),
+]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("notebook", "name", "arguments"), SCRIPTS, ids=[name for _, name, _ in SCRIPTS])
+def test_each_launched_script_ends_within_seconds_of_its_last_line(notebook, name, arguments, tiny_root, tmp_path):
+    script = tmp_path / name
+    script.write_text(shipped_script(notebook, name))
+    out = tmp_path / "out"
+    out.mkdir()
+    filled = [argument.format(data=tiny_root, out=out) for argument in arguments]
+    ended = run_to_end(torchrun_command(2, str(script), tuple(filled), tmp_path / "logs"), _env(tmp_path))
+    print(f"{name}: exit {ended.code}, {ended.seconds_after_last_line:.2f} s after its last line")
+    assert ended.code == 0, ended.output[-3000:]
+    assert ended.seconds_after_last_line < LAST_LINE_TO_EXIT_SECONDS, ended.output[-3000:]
