@@ -73,7 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             status = prepare(size, "coco")
         return status
 
-    return guard.run(work, config.data_dir(size), chosen_by=config.DATA_VARIABLE)
+    try:
+        root = config.data_dir(size)
+    except config.NotAFolder as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return guard.run(work, root, chosen_by=config.DATA_VARIABLE)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ continues from it.
 from __future__ import annotations
 
 import errno
-import os
 import shutil
 import signal
 import sys
@@ -32,14 +31,6 @@ def is_refusal(error: BaseException) -> bool:
     return isinstance(error, PlantedLink) or (isinstance(error, OSError) and error.errno in REFUSALS)
 
 
-def _file_in_the_way(path: Path) -> Path | None:
-    """The first of ``path`` and its parents that exists and is not a folder."""
-    for candidate in (path, *path.parents):
-        if candidate.exists() or candidate.is_symlink():
-            return None if candidate.is_dir() else candidate
-    return None
-
-
 def _room(path: Path) -> str:
     for candidate in (path, *path.parents):
         if candidate.is_dir():
@@ -52,7 +43,7 @@ def _room(path: Path) -> str:
 def _root_fix(chosen_by: str) -> str:
     """How to choose another folder: the command's ``--root``, or the variable the folder came from."""
     if chosen_by == config.DATA_VARIABLE:
-        return f"point {chosen_by} (now {os.environ.get(chosen_by, 'unset: data/ of the checkout')}) at another folder"
+        return config.point_elsewhere(chosen_by)
     return f"choose another {chosen_by}"
 
 
@@ -64,9 +55,9 @@ def explain(error: OSError, root: Path, chosen_by: str = "--root") -> str | None
     if isinstance(error, PlantedLink):
         return error.strerror
     path = Path(error.filename) if error.filename else Path(root)
-    in_the_way = _file_in_the_way(path)
-    if error.errno in (errno.ENOTDIR, errno.EEXIST) and in_the_way is not None:
-        return f"{in_the_way} is a file where a folder belongs: move it away or {_root_fix(chosen_by)}"
+    misfit = config.folder_misfit(path, _root_fix(chosen_by))
+    if error.errno in (errno.ENOTDIR, errno.EEXIST) and misfit is not None:
+        return misfit
     if error.errno in DISK_FULL:
         return (f"disk full writing {path} ({_room(path)}): free space, or {_root_fix(chosen_by)} on a larger file "
                 f"system, then run the same command again; what was finished is kept")

@@ -53,13 +53,16 @@ def free_port() -> int:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Callable[..., Path]]:
-    """A real file system of a chosen size (tmpfs), read-only on request; calling it again remounts it with the
-    new size and mode, its files kept. Needs the right to mount, as CI has."""
+    """A real file system of a chosen size (tmpfs), read-only on request, with room for at most ``inodes`` files and
+    folders on request (a quota of files, as on LUMI's Lustre, ends in the same ENOSPC); calling it again remounts it
+    with the new size and mode, its files kept. Needs the right to mount, as CI has."""
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
 
-    def mount(size_bytes: int, read_only: bool = False) -> Path:
+    def mount(size_bytes: int, read_only: bool = False, inodes: int | None = None) -> Path:
         options = f"size={size_bytes // 1024 + 1}k,{'ro' if read_only else 'rw'}"
+        if inodes is not None:
+            options += f",nr_inodes={inodes}"
         if mount_point.is_mount():
             options = f"remount,{options}"
         result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],

@@ -32,6 +32,32 @@ def test_two_variants_of_one_name_are_refused_before_any_run():
     assert not ran
 
 
+def test_two_variants_whose_names_differ_only_in_case_or_punctuation_are_refused_before_any_run():
+    """They would share one run folder, the second run replacing the first's files."""
+    ran = []
+    with pytest.raises(ValueError, match="the variants 'DDP, 1 MB' and 'ddp 1 MB!' differ only in case or "
+                                         "punctuation, so both would run in the folder 'ddp-1-mb'"):
+        run_variants([Variant("one device"), Variant("DDP, 1 MB", bucket_cap_mb=1), Variant("ddp 1 MB!")],
+                     lambda variant: ran.append(variant) or {})
+    assert not ran
+
+
+@pytest.mark.parametrize(("option", "why"), [
+    ("out", "each mode's run folder is out / the mode's name; pass out= to compare_modes"),
+    ("batch_size", "every mode trains the same batch per device; pass batch_size= to compare_modes"),
+    ("max_steps", "every mode trains the same number of steps; pass steps= to compare_modes"),
+])
+def test_a_mode_that_sets_what_the_comparison_sets_is_refused_by_name_before_any_run(tmp_path, option, why):
+    """An out or batch_size of its own clashed with the comparison's in a raw TypeError; a max_steps of its own
+    trained other steps than the other modes, in silence."""
+    wrong = Variant("DDP, longer", distributed="ddp", **{option: 8 if option != "out" else str(tmp_path / "mine")})
+    with pytest.raises(ValueError) as refused:
+        compare_modes([ONE_DEVICE, wrong], out=tmp_path)
+    assert str(refused.value) == (f"variant 'DDP, longer' sets {option}, which the experiment sets for every run: "
+                                  f"{option}: {why}")
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_mode_that_is_no_way_of_running_is_refused_before_any_run(tmp_path):
     with pytest.raises(ValueError, match="mode 'FSDP': distributed='fsdp'; a mode runs as one of none, dp, ddp"):
         compare_modes([ONE_DEVICE, Variant("FSDP", distributed="fsdp")], out=tmp_path)

@@ -56,6 +56,20 @@ def test_what_the_forecast_does_not_model_is_refused_by_name():
         memory_forecast.measure_steps(**RUN, distributed="fsdp")
 
 
+@pytest.mark.parametrize(("wrong", "error", "told"), [
+    ({"ranks": 0}, ValueError, "ranks is the number of processes the step is spread over: at least 1, not 0"),
+    ({"ranks": -2}, ValueError, "at least 1, not -2"),
+    ({"ranks": 2.0}, TypeError, r"ranks takes a whole number \(an int\), not 2.0 \(a float\)"),
+    ({"batch_size": "8"}, TypeError, r"batch_size takes a whole number \(an int\), not '8' \(a str\)"),
+    ({"lr": "0.1"}, TypeError, r"lr takes a number \(an int or a float\), not '0.1'"),
+])
+def test_a_count_that_is_no_count_is_refused_by_name_not_divided_by(wrong, error, told):
+    """Zero ranks divided by zero, negative ranks gave negative bytes, a batch size as text a comparison's
+    TypeError: each is named with what it takes."""
+    with pytest.raises(error, match=told):
+        memory_forecast.predict_step(**{**RUN, "distributed": "fsdp", **wrong})
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])

@@ -10,6 +10,7 @@ import pytest
 
 from course_utils import config
 from course_utils.experiments.machine_shape import parallel_shape
+from course_utils.experiments.runs import Variant
 from course_utils.lessons import model_parallel
 from course_utils.lessons.script_series import shipped_script
 from course_utils.parallel import tensor_parallel
@@ -170,3 +171,16 @@ def test_the_comparison_takes_the_machines_ranks_and_the_sizes_model(gpus, runs)
         assert plan.options["batch_size"] % groups == 0
         if mode in ("tp", "fsdp-tp"):  # and the layers split evenly over the tensor-parallel ranks
             assert tensor_parallel.misfits(model, Layout(mode, None, ranks).tensor_parallel) == []
+
+
+@pytest.mark.parametrize("option", ["out", "trace", "batch_size", "max_steps"])
+def test_a_run_that_sets_what_the_comparison_sets_is_refused_by_name_before_any_run(tmp_path, option):
+    """An out or trace of its own clashed with the comparison's in a raw TypeError; a batch size or step count
+    of its own compared runs that did other work."""
+    plan = model_parallel.comparison(parallel_shape(0), config.get_size("ci"))
+    wrong = Variant("tp, its own", distributed="tp", ranks=2, **{option: 8})
+    with pytest.raises(ValueError) as refused:
+        model_parallel.compare_modes([*plan.runs, wrong], tmp_path, **plan.options)
+    assert str(refused.value) == (f"variant 'tp, its own' sets {option}, which the experiment sets for every run: "
+                                  f"{option}: {model_parallel.SET_FOR_EVERY_RUN[option]}")
+    assert not list(tmp_path.iterdir())

@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from course_utils import config
 from course_utils.observe.metrics import MetricsWriter, read_records
 from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
@@ -76,6 +78,45 @@ def test_a_folder_that_cannot_take_checkpoints_is_found_before_the_first_step(qu
     assert not folder.metrics.exists()  # no step was trained
 
 
+@pytest.mark.parametrize(("chosen_by", "fix"), [
+    ("--out", "choose another --out"),
+    (config.RUNS_VARIABLE, "point COURSE_RUNS_DIR (now {file}) at another folder"),
+    (config.DATA_VARIABLE, "point COURSE_DATA_DIR (now {file}) at another folder"),
+])
+def test_a_file_where_a_folder_belongs_is_named_with_the_option_or_variable_that_chose_it(
+        quick, tmp_path, monkeypatch, capsys, chosen_by, fix):
+    """An --out that is a file said "File exists", a COURSE_RUNS_DIR that is one "Not a directory" and a
+    COURSE_DATA_DIR that is one advised to prepare the data under it, which cannot work."""
+    file = tmp_path / "scratch"
+    file.write_text("a file where a folder belongs")
+    run = {**quick, "out": str(file)}
+    if chosen_by != "--out":
+        monkeypatch.setenv(chosen_by, str(file))
+        run.pop("data_dir" if chosen_by == config.DATA_VARIABLE else "out")
+    assert main(to_flags(**run)) == 1
+    assert capsys.readouterr().err.strip() == (f"error: {file} is a file where a folder belongs: move it away or "
+                                               f"{fix.format(file=file)}")
+    assert file.read_text() == "a file where a folder belongs"
+
+
+def test_a_run_without_out_takes_a_folder_of_its_own_beside_a_run_of_the_same_second(quick, tmp_path,
+                                                                                    monkeypatch):
+    """The default folder is named from the clock: a run started in the same second as another shared its folder,
+    and refused ("choose another --out") or replaced the other's files. Here every second this run could start in
+    has its folder already, as another run would have made it."""
+    runs = tmp_path / "runs"
+    monkeypatch.setenv(config.RUNS_VARIABLE, str(runs))
+    now = datetime.now()
+    taken = [runs / f"small_cnn-{now + timedelta(seconds=second):%Y%m%d-%H%M%S}" for second in range(-1, 120)]
+    for folder in taken:
+        folder.mkdir(parents=True)
+        (folder / "theirs").write_text("another run's")
+    out = Path(train(**{**quick, "out": None, "max_steps": 2})["out"])
+    assert out.parent == runs and out.name.endswith("-2") and out.with_name(out.name.removesuffix("-2")) in taken
+    assert RunFolder(out).read_summary()["steps"] == 2
+    assert all([path.name for path in folder.iterdir()] == ["theirs"] for folder in taken)
+
+
 def test_a_metrics_line_cut_short_by_a_full_disk_is_left_out_and_others_are_named(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"kind": "step", "step": 1}\n{"kind": "step", "st')
@@ -98,6 +139,47 @@ def test_a_full_disk_says_so_and_keeps_the_last_good_checkpoint(quick, tmp_path,
     last = checkpoint.load(RunFolder(out).last_checkpoint)
     assert last["step"] >= 1 and not checkpoint.step_path(RunFolder(out).checkpoints, last["step"] + 1).exists()
     assert not list(RunFolder(out).checkpoints.glob(".*.tmp"))  # the half-written file is gone
+
+
+# What a run of one checkpoint makes, its summary aside: the file system's root, the run's folder, .hold,
+# metrics.jsonl, tensorboard/ and its events, checkpoints/ with step-N.pt and last.pt.
+FILES_BEFORE_THE_SUMMARY = 9
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_the_summary_says_the_training_finished_and_resume_auto_writes_it(quick, small_disk, capsys):
+    """The summary is a run's last file. A file system full by then (here: out of room for files) was answered
+    with another --out or --resume auto "from the last checkpoint": the first gives no summary at all. What the
+    message says now is what works: after room is made, --resume auto writes the summary without training."""
+    disk = small_disk(64 << 20, inodes=FILES_BEFORE_THE_SUMMARY)
+    run = {**quick, "epochs": 1, "out": str(disk / "run")}
+    folder = RunFolder(run["out"])
+    assert main(to_flags(**run)) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"error: the training finished (8 steps): its checkpoints in {folder.checkpoints} and its metrics are whole, "
+        f"but {folder.summary} could not be written (No space left on device); make room there, then the same "
+        "command with --resume auto writes the summary from the metrics without training again (with no "
+        "throughput: only this process timed the steps; --overwrite trains it again to measure it)")
+    small_disk(64 << 20, inodes=FILES_BEFORE_THE_SUMMARY + 8)
+    assert main(to_flags(**run, resume="auto")) == 0
+    assert "nothing left to train" in capsys.readouterr().out and folder.read_summary()["steps"] == 8
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_the_summary_of_a_run_that_ended_mid_epoch_says_to_train_it_again(quick, small_disk, capsys):
+    """A run stopped by --max-steps mid-epoch has a partial last epoch, which --resume auto cannot summarize: the
+    message does not send the learner there."""
+    disk = small_disk(64 << 20, inodes=FILES_BEFORE_THE_SUMMARY)
+    run = {**quick, "max_steps": 5, "out": str(disk / "run")}
+    assert main(to_flags(**run)) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: the training finished (5 steps)") and error.endswith(
+        "its last epoch ended mid-way (--max-steps), which only the process that trained it can summarize: make "
+        "room there and train it again with --overwrite")
+    small_disk(64 << 20, inodes=FILES_BEFORE_THE_SUMMARY + 8)
+    with pytest.raises(ValueError, match="nothing to summarize"):
+        train(**run, resume="auto")
+    assert train(**run, overwrite=True)["steps"] == 5
 
 
 def _fill(disk: Path) -> None:

@@ -8,6 +8,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,6 +85,33 @@ def test_a_link_planted_by_another_user_in_a_shared_run_folder_is_refused(quick,
     assert main(to_flags(**{**quick, "max_steps": 2, "out": str(folder.path)})) == 1
     assert f"error: {folder.metrics} is a symbolic link (to {keys})" in capsys.readouterr().err
     assert keys.read_text() == KEYS
+
+
+RACER = """import sys
+from pathlib import Path
+from course_utils.shared_folders import new_folder
+print("ready", flush=True)
+sys.stdin.readline()
+print(new_folder(Path(sys.argv[1])), flush=True)
+"""
+
+
+def test_runs_that_propose_one_folder_at_once_get_one_each_and_none_through_a_link(tmp_path, stand_in):
+    """Runs started in the same second propose the same clock-named folder: four processes make theirs at once,
+    beside a link planted under that name, which none of them follows."""
+    proposed = tmp_path / "runs" / "small_cnn-20250101-120000"
+    proposed.parent.mkdir()
+    proposed.symlink_to(stand_in.parent)
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(proposed)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    assert [racer.stdout.readline() for racer in racers] == ["ready\n"] * 4
+    for racer in racers:  # all four wait at their readline: one line each starts them together
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+    made = sorted(Path(racer.communicate(timeout=60)[0].strip()) for racer in racers)
+    assert made == [proposed.with_name(f"{proposed.name}-{number}") for number in range(2, 6)]
+    assert all(folder.is_dir() and not folder.is_symlink() for folder in made)
+    assert [path.name for path in stand_in.parent.iterdir()] == ["authorized_keys"]
 
 
 def test_a_file_is_opened_neither_through_a_link_nor_through_a_second_name(tmp_path, stand_in):

@@ -1,5 +1,8 @@
+import importlib.util
 import json
 import pickle
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -164,6 +167,31 @@ def test_the_sums_are_computed_once_and_kept_in_the_users_cache_not_the_data_fol
     generated_cifar100.expected_md5.cache_clear()
     assert expected_md5(tmp_path / "data") == sums  # made again from the parameters, and kept anew
     assert json.loads(generated_cifar100.sums_cache().read_text())
+
+
+def _generator_from(source: str, path: Path) -> ModuleType:
+    """The generator as an update of the course would ship it: ``source`` in a file, loaded as a module."""
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("updated_generated_cifar100", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sums_kept_from_an_earlier_generator_are_not_taken_for_the_files_an_updated_one_makes(tmp_path, monkeypatch):
+    """The kept sums were keyed by the generator's parameters alone: after an update that changes the files, the
+    same data was accepted or called damaged depending on what the cache held. The key holds the code too."""
+    monkeypatch.setenv(generated_cifar100.CACHE_VARIABLE, str(tmp_path / "cache"))
+    generated_cifar100.expected_md5.cache_clear()
+    kept = generated_cifar100.expected_md5(110, 100, 7)
+    source = Path(generated_cifar100.__file__).read_text()
+    changed = source.replace("rng.normal(0, 0.2,", "rng.normal(0, 0.25,")  # more noise in every image
+    assert changed != source
+    updated = _generator_from(changed, tmp_path / "updated.py")
+    made = updated.md5_of(updated.file_bytes(110, 100, 7))
+    assert made["train"] != kept["train"] and updated.expected_md5(110, 100, 7) == made
+    assert updated._cache_key(110, 100, 7) != generated_cifar100._cache_key(110, 100, 7)
+    assert len(json.loads(generated_cifar100.sums_cache().read_text())) == 2  # each generator's sums, each its key
 
 
 def test_the_sample_grid_says_the_ci_images_are_generated_patterns(tiny_root):

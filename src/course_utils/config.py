@@ -22,6 +22,10 @@ class UnknownSizeError(ValueError):
     """Raised when ``COURSE_SIZE`` (or a ``size`` argument) names no known size."""
 
 
+class NotAFolder(ValueError):
+    """A variable names a file (or a path under one) where the course keeps a folder; the message says the fix."""
+
+
 @dataclass(frozen=True)
 class Size:
     """Every size-dependent default of the course, in one immutable object."""
@@ -133,7 +137,7 @@ def data_dir(size: Size | None = None, dataset: str = "cifar100") -> Path:
     """
     size = size or get_size()
     _check_dataset(dataset)
-    base = Path(os.environ.get(DATA_VARIABLE) or checkout_root() / "data")
+    base = _folder_of(DATA_VARIABLE)
     if not size.generated_data:
         return base / dataset
     return base / "tiny" / "coco" if dataset == "coco" else base / "tiny"
@@ -141,7 +145,39 @@ def data_dir(size: Size | None = None, dataset: str = "cifar100") -> Path:
 
 def runs_dir() -> Path:
     """Where training runs write metrics, TensorBoard events and checkpoints."""
-    return Path(os.environ.get(RUNS_VARIABLE) or checkout_root() / "runs")
+    return _folder_of(RUNS_VARIABLE)
+
+
+FOLDER_DEFAULTS = {DATA_VARIABLE: "data", RUNS_VARIABLE: "runs"}  # a folder variable -> its folder in the checkout
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The first of ``path`` and its parents that exists and is not a folder (None: a folder can be there)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
+def folder_misfit(path: Path, fix: str) -> str | None:
+    """Why no folder ``path`` can be made (a file is in the way) and ``fix``, the other way to go; None when one can."""
+    in_the_way = _file_in_the_way(Path(path))
+    return None if in_the_way is None else f"{in_the_way} is a file where a folder belongs: move it away or {fix}"
+
+
+def point_elsewhere(variable: str) -> str:
+    """The fix for a folder that the variable ``variable`` chose and the course cannot use."""
+    now = os.environ.get(variable) or f"unset: {FOLDER_DEFAULTS[variable]}/ of the checkout"
+    return f"point {variable} (now {now}) at another folder"
+
+
+def _folder_of(variable: str) -> Path:
+    """The folder ``variable`` names, else its folder in the checkout; refused when a file is where it belongs."""
+    folder = Path(os.environ.get(variable) or checkout_root() / FOLDER_DEFAULTS[variable])
+    misfit = folder_misfit(folder, point_elsewhere(variable))
+    if misfit:
+        raise NotAFolder(misfit)
+    return folder
 
 
 def prepare_command(size: Size | None = None, root: str | Path | None = None, dataset: str = "cifar100") -> str:

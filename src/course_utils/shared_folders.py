@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import stat
 from collections.abc import Iterator
@@ -50,6 +51,18 @@ def make_folder(path: Path) -> Path:
     refuse_link(path)
     path.mkdir(parents=True, exist_ok=True)
     return refuse_link(path)
+
+
+def new_folder(path: Path) -> Path:
+    """Make a folder that no other process has: ``path``, or else ``path-2``, ``path-3``... (its parents as needed).
+    ``mkdir`` makes a folder only where there is none, so processes that propose one name at once get one each."""
+    path = candidate = Path(path)
+    for number in itertools.count(2):
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            candidate = path.with_name(f"{path.name}-{number}")
 
 
 def open_file(path: Path, mode: str = "w") -> IO:

@@ -11,8 +11,8 @@ manifest beside them records. Their MD5 sums, which guard the unpickling, are th
 from the data folder: :func:`expected_md5` makes the files again in memory and hashes them, so a
 manifest or pickle changed by someone else in a shared data folder is refused before it is loaded.
 Making the full-size stand-in again costs about 12 s, so the sums are computed once (when the files are
-generated, or at their first check) and kept in the user's own cache folder, beside the generator's
-parameters and NumPy's version, which the files depend on: never in the data folder, which others may write.
+generated, or at their first check) and kept in the user's own cache folder, beside what the files depend on:
+the generator's parameters, its code and NumPy's version; never in the data folder, which others may write.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import numpy as np
 from torchvision.datasets import CIFAR100
 
 from course_utils.atomic_files import whole_directory, write_text_atomic
+from course_utils.data import cifar100_labels
 from course_utils.data.cifar100_labels import COARSE_LABEL_NAMES, COARSE_OF_FINE, FINE_LABEL_NAMES
 
 FOLDER = CIFAR100.base_folder  # "cifar-100-python"
@@ -112,8 +113,18 @@ def sums_cache() -> Path:
     return Path(folder) / "generated-cifar100-md5.json"
 
 
+def generator_code() -> str:
+    """A digest of the code the files are made by (this module and the label names): an update that changes the
+    files changes it, so that sums kept from the code before are not taken for the sums of the files made now."""
+    digest = hashlib.sha256()
+    for module in (__file__, cifar100_labels.__file__):
+        digest.update(Path(module).read_bytes())
+    return digest.hexdigest()
+
+
 def _cache_key(train: int, test: int, seed: int) -> str:
-    return json.dumps({"train": train, "test": test, "seed": seed, "numpy": np.__version__}, sort_keys=True)
+    return json.dumps({"train": train, "test": test, "seed": seed, "numpy": np.__version__, "code": generator_code()},
+                      sort_keys=True)
 
 
 def _kept() -> dict:

@@ -17,13 +17,26 @@ from matplotlib.figure import Figure
 
 from course_utils import config
 from course_utils.experiments.machine_shape import CPU_RANKS, cpu_ranks, gpu_count, threads_of_a_rank
-from course_utils.experiments.runs import SCRATCH, Variant, measured_rate, measured_steps, run_ranks, run_variants
+from course_utils.experiments.runs import (
+    SCRATCH,
+    Variant,
+    measured_rate,
+    measured_steps,
+    refuse_options,
+    run_ranks,
+    run_variants,
+)
 from course_utils.train import train
 
 ONE_DEVICE = Variant("one device")
 DATA_PARALLEL = Variant("DataParallel", distributed="dp")
 DDP = Variant("DDP", distributed="ddp")
 HOW = ("none", "dp", "ddp")  # the values of a mode's ``distributed`` option
+SET_FOR_EVERY_MODE = {  # what compare_modes sets alike for each mode, so that they do the same work
+    "out": "each mode's run folder is out / the mode's name; pass out= to compare_modes",
+    "batch_size": "every mode trains the same batch per device; pass batch_size= to compare_modes",
+    "max_steps": "every mode trains the same number of steps; pass steps= to compare_modes",
+}
 
 
 def mode_row(summary: dict[str, Any], devices: int) -> dict[str, Any]:
@@ -69,6 +82,7 @@ def compare_modes(modes: Sequence[Variant] = (ONE_DEVICE, DATA_PARALLEL, DDP), s
         if mode.options.get("distributed", "none") not in HOW:
             raise ValueError(f"mode {mode.name!r}: distributed={mode.options['distributed']!r}; a mode runs as one "
                              f"of {', '.join(HOW)}")
+    refuse_options(modes, SET_FOR_EVERY_MODE)
 
     def run(mode: Variant) -> dict[str, Any]:
         how = mode.options.get("distributed", "none")

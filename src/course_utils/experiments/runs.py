@@ -53,17 +53,39 @@ class Variant:
         return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-") or "variant"
 
 
+def _refuse_shared_folders(variants: list[Variant]) -> None:
+    """Two variants of one name would be two rows no answer can tell apart; two whose names differ only in case or
+    punctuation would share one run folder, the second replacing the first."""
+    named: dict[str, str] = {}  # folder name -> the name of the first variant with it
+    for variant in variants:
+        earlier = named.get(variant.folder_name)
+        if earlier == variant.name:
+            raise ValueError(f"two variants are named {earlier!r}: give each its own name")
+        if earlier is not None:
+            raise ValueError(f"the variants {earlier!r} and {variant.name!r} differ only in case or punctuation, so "
+                             f"both would run in the folder {variant.folder_name!r}, the second replacing the first: "
+                             "rename one with other letters or digits")
+        named[variant.folder_name] = variant.name
+
+
 def run_variants(variants: Iterable[Variant], run: Callable[[Variant], dict[str, Any]],
                  desc: str = "variants") -> pd.DataFrame:
     """Run each variant in order, with a progress bar; one row per variant: its name, then what ``run`` measured.
-    Two variants of one name would be two rows no answer can tell apart: refused before any run."""
+    Two variants of one name, or of one folder name, are refused before any run."""
     variants = list(variants)
-    names = [variant.name for variant in variants]
-    twice = sorted({name for name in names if names.count(name) > 1})
-    if twice:
-        raise ValueError(f"two variants are named {', '.join(map(repr, twice))}: give each its own name")
+    _refuse_shared_folders(variants)
     rows = [{"variant": variant.name, **run(variant)} for variant in tqdm(variants, desc=desc, unit="run")]
     return pd.DataFrame(rows)
+
+
+def refuse_options(variants: Iterable[Variant], why: dict[str, str]) -> None:
+    """Refuse, before any run, a variant that sets an option its experiment sets for every run itself; ``why``
+    says, for each such option, why it is the experiment's and where to set it instead."""
+    for variant in variants:
+        taken = [name for name in why if name in variant.options]
+        if taken:
+            raise ValueError(f"variant {variant.name!r} sets {', '.join(taken)}, which the experiment sets for every "
+                             f"run: " + "; ".join(f"{name}: {why[name]}" for name in taken))
 
 
 def measured_steps(size: str | None = None) -> int:

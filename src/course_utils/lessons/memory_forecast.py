@@ -29,7 +29,7 @@ from course_utils.observe.memory import KINDS, SavedActivations, held_bytes, mea
 from course_utils.parallel.layout import mode_of
 from course_utils.training import models
 from course_utils.training.activation_checkpointing import checkpoint_blocks
-from course_utils.training.options import TrainOptions
+from course_utils.training.options import TrainOptions, number_misfit
 
 STATE_KINDS = KINDS[:3]  # what stays between steps: parameters, gradients, optimizer state
 SNAPSHOT_ENTRIES = 100_000  # allocator events the memory history keeps (the newest)
@@ -57,9 +57,18 @@ def _shard_bytes(parameter: torch.Tensor, ranks: int) -> int:
         * parameter.element_size()
 
 
+def _check_ranks(ranks: int) -> None:
+    misfit = number_misfit("ranks", ranks, int)
+    if misfit:
+        raise TypeError(misfit)
+    if ranks < 1:
+        raise ValueError(f"ranks is the number of processes the step is spread over: at least 1, not {ranks}")
+
+
 def predict_step(ranks: int = 1, **options: Any) -> dict[str, int]:
     """Bytes one rank holds for one training step of the run ``options`` describes (the training command's
     keywords: model, batch_size, distributed, activation_checkpointing...), over ``ranks`` ranks, by kind."""
+    _check_ranks(ranks)
     cfg = _options(**options)
     with torch.device("meta"):
         model = models.build(cfg.model, image_size=cfg.image_size)

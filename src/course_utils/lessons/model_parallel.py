@@ -25,7 +25,7 @@ from torch import nn
 
 from course_utils import config
 from course_utils.experiments.machine_shape import ParallelShape
-from course_utils.experiments.runs import Variant, run_variants
+from course_utils.experiments.runs import Variant, refuse_options, run_variants
 from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.communication import collective_bytes
 from course_utils.observe.metrics import read_records
@@ -218,16 +218,27 @@ def comparison(shape: ParallelShape, size: config.Size) -> Comparison:
     return Comparison(_runs(runs), options, "" if ranks == 4 else "FSDP x TP needs 4 GPUs (2 groups of 2): ask for 4")
 
 
+SET_FOR_EVERY_RUN = {  # what compare_modes sets alike for each run, so that the modes do the same work
+    "out": "each run's folder is out / the run's name; pass out= to compare_modes",
+    "trace": "rank 0 of each run is traced into its run folder, where the comparison reads what its collectives "
+             "moved",
+    "batch_size": "every run trains the same global batch, split over its ranks; pass batch_size= to compare_modes",
+    "max_steps": "every run trains the same number of steps; pass max_steps= to compare_modes",
+}
+
+
 def compare_modes(runs: Sequence[Variant], out: Path, **options: Any) -> pd.DataFrame:
-    """Each run of ``runs`` (its ``distributed`` mode, its ``ranks`` and any option of its own) at the same global
-    batch (``options['batch_size']`` images in all), rank 0 traced: per rank, memory by kind, the bytes its
-    collectives moved per step, and the step's speed. Each run's folder is ``out`` / its name."""
+    """Each run of ``runs`` (its ``distributed`` mode, its ``ranks`` and any option of its own but those of
+    :data:`SET_FOR_EVERY_RUN`) at the same global batch (``options['batch_size']`` images in all), rank 0 traced: per
+    rank, memory by kind, the bytes its collectives moved per step, and the step's speed. Each run's folder is
+    ``out`` / its name."""
+    refuse_options(runs, SET_FOR_EVERY_RUN)
 
     def run(variant: Variant) -> dict[str, Any]:
         own = {name: value for name, value in variant.options.items() if name != "ranks"}
         mode, ranks = own.pop("distributed"), variant.options["ranks"]
         data_ranks = Layout(mode, None, ranks).data_ranks  # groups that read images of their own
-        per_rank = {**options, **own, "batch_size": own.get("batch_size", options["batch_size"]) // data_ranks}
+        per_rank = {**options, **own, "batch_size": options["batch_size"] // data_ranks}
         folder = Path(out) / variant.folder_name
         result = launch(ranks, "course_utils.train", *to_flags(distributed=mode, out=str(folder),
                                                                trace=str(folder / "trace"), **per_rank),

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import numbers
 import typing
 from dataclasses import Field, asdict, dataclass, field, fields
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -80,8 +82,9 @@ class TrainOptions:
                                        at_least=1)
     input_delay_ms: float = option(0.0, "sleep this long in the loader for every batch, in its workers: an "
                                    "input-bound run on purpose (torch and gpu-aug loaders)", at_least=0)
-    out: str | None = option(None, "run folder for metrics, TensorBoard and checkpoints (default: "
-                             "runs/<model>-<time>)", metavar="DIR")
+    out: str | None = option(None, "run folder for metrics, TensorBoard and checkpoints (default: a new folder "
+                             "runs/<model>-<time>, or <model>-<time>-2... when another run of that second has it)",
+                             metavar="DIR")
     log_every: int | None = option(None, "write a metrics record every N iterations", metavar="N",
                                     at_least=1)
     amp: str = option("off", "mixed precision: autocast to fp16 (with loss scaling) or bf16; off trains in fp32",
@@ -173,6 +176,9 @@ class TrainOptions:
 
     def check(self) -> None:
         """Refuse values that make no sense before any work is done, naming every one of them."""
+        mistyped = [misfit for spec in fields(self) if (misfit := _type_misfit(spec, getattr(self, spec.name)))]
+        if mistyped:
+            raise TypeError("; ".join(mistyped))
         wrong = []
         for spec in fields(self):
             value, low, above = getattr(self, spec.name), spec.metadata["at_least"], spec.metadata["above"]
@@ -182,9 +188,16 @@ class TrainOptions:
                 wrong.append(f"{_flag(spec.name)} must be at least {low}, not {value}")
             if above is not None and value <= above:
                 wrong.append(f"{_flag(spec.name)} must be above {above}, not {value}")
-        wrong += self._task_misfits()
+        wrong += self._task_misfits() + self._folder_misfits()
         if wrong:
             raise ValueError("; ".join(wrong))
+
+    def _folder_misfits(self) -> list[str]:
+        """A folder option (``--out``, ``--data-dir``, ``--trace``) naming a file, or a path under one."""
+        folders = [spec.name for spec in fields(self) if spec.metadata["metavar"] == "DIR"]
+        found = (config.folder_misfit(Path(getattr(self, name)), f"choose another {_flag(name)}")
+                 for name in folders if getattr(self, name) is not None)
+        return [misfit for misfit in found if misfit]
 
     @property
     def detection(self) -> bool:
@@ -262,6 +275,23 @@ def _value_type(spec: Field) -> type:
     hint = _type_hints()[spec.name]
     kinds = [kind for kind in typing.get_args(hint) or (hint,) if kind is not type(None)]
     return kinds[0]
+
+
+NUMBERS = {int: (numbers.Integral, "a whole number (an int)"), float: (numbers.Real, "a number (an int or a float)")}
+
+
+def number_misfit(name: str, value: Any, kind: type) -> str | None:
+    """What is wrong with ``value`` given as ``name``, which takes a ``kind`` (int or float): ``batch_size="8"``
+    from a notebook, which a flag's text never is (the parser converts it); None when it fits."""
+    accepted, what = NUMBERS[kind]
+    if isinstance(value, accepted) and not isinstance(value, bool):
+        return None
+    return f"{name} takes {what}, not {value!r} (a {type(value).__name__})"
+
+
+def _type_misfit(spec: Field, value: Any) -> str | None:
+    kind = _value_type(spec)
+    return None if value is None or kind not in NUMBERS else number_misfit(spec.name, value, kind)
 
 
 def _flag(name: str, negated: bool = False) -> str:

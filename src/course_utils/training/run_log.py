@@ -18,6 +18,7 @@ from course_utils.observe.clocks import StepClock
 from course_utils.observe.memory import StepMemory
 from course_utils.observe.metrics import MetricsWriter
 from course_utils.parallel.collectives import gather, mean_over_ranks
+from course_utils.run_folder import RunFolder
 from course_utils.training.evaluate import score_line
 from course_utils.training.observers import Observers
 from course_utils.training.resume import Position, check_finite
@@ -46,6 +47,11 @@ class EpochResult:
     seconds: float  # training time of this process's part of the epoch, evaluation excluded
     train_loss: float  # mean step loss over the epoch and the ranks
     finished: bool  # False when the run's last step fell mid-epoch
+
+
+class SummaryNotWritten(OSError):
+    """A run trained to its end, but the file system refused its ``summary.json``; the message says what of the run
+    is kept and which command gives the summary."""
 
 
 class RunLog:
@@ -120,5 +126,21 @@ class RunLog:
         """The whole run's summary, the same on every rank (all take part in it); rank 0 writes ``summary.json``."""
         summary = run_summary(self.setup, self.plan, self.times, steps, self.epochs, self.observers.monitor,
                               resumed_from, memory)
-        self.writer.summary(summary)
+        try:
+            self.writer.summary(summary)
+        except OSError as error:
+            raise SummaryNotWritten(self._unwritten(steps, error)) from error
         return summary
+
+    def _unwritten(self, steps: int, error: OSError) -> str:
+        """What a run that trained to its end and could not write its summary keeps, and what gives the summary."""
+        folder = RunFolder(self.setup.cfg.out)
+        if self.epochs and self.epochs[-1].get("partial"):
+            again = ("its last epoch ended mid-way (--max-steps), which only the process that trained it can "
+                     "summarize: make room there and train it again with --overwrite")
+        else:
+            again = ("make room there, then the same command with --resume auto writes the summary from the metrics "
+                     "without training again (with no throughput: only this process timed the steps; --overwrite "
+                     "trains it again to measure it)")
+        return (f"the training finished ({steps} steps): its checkpoints in {folder.checkpoints} and its metrics are "
+                f"whole, but {folder.summary} could not be written ({error.strerror or error}); {again}")

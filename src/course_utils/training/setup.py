@@ -23,6 +23,7 @@ from course_utils.parallel import process_group, sharding, tensor_parallel
 from course_utils.parallel.collectives import from_rank_zero
 from course_utils.parallel.layout import Layout, mode_of
 from course_utils.parallel.wrappers import DDPOptions, wrap
+from course_utils.shared_folders import new_folder
 from course_utils.training import models
 from course_utils.training.activation_checkpointing import checkpoint_blocks
 from course_utils.training.options import AMP_DTYPES, DDP_KNOBS, TrainOptions, check_parallel_options
@@ -120,11 +121,16 @@ def prepare(options: TrainOptions) -> Setup:
     """Join the process group if DDP, seed, pick the device, and build data, model and optimizer."""
     cfg = options.resolved()
     where = _join_process_group(cfg)
+    made = None
     try:
-        if options.out is None:  # named from the clock: ranks that start a second apart would name two folders
-            cfg = replace(cfg, out=from_rank_zero(cfg.out))
+        if options.out is None:  # named from the clock: rank 0 makes it, with a suffix if a run of this second has it
+            made = new_folder(Path(cfg.out)) if where.is_main else None
+            cfg = replace(cfg, out=from_rank_zero(None if made is None else str(made)))
         return _build(cfg, where)
     except BaseException:
+        if made is not None:
+            with contextlib.suppress(OSError):  # the folder it made, gone with it while empty
+                made.rmdir()
         process_group.leave()
         raise
 
