@@ -16,6 +16,15 @@ so that a contended timing is never recorded as a GPU figure. New work stops at 
 whatever still runs at ``--budget`` is ended (what it recorded so far is kept). The summary, one screen, gives
 each figure against its goal and names what was not done.
 
+Each run has a folder of its own (``--out``, else ``runs/reference-<time>`` in ``$COURSE_RUNS_DIR`` or the
+checkout, created with a ``-2``, ``-3``... suffix when a copy started in the same second holds that name), and
+refuses an ``--out`` that already holds a run. SIGTERM (a Slurm job's time limit, ``scancel``, ``kill``), SIGHUP
+(the terminal or the SSH session closed) and SIGINT (Ctrl-C) end the running tasks, every process of each, and the
+summary says which tasks were done, which one was interrupted and which never started. A folder that cannot be
+written (read-only, a full disk) stops nothing else: what could not be written is named in the summary, a result
+that could not reach its folder is kept where its task wrote it, and the summary is printed where its file cannot
+be written.
+
 ``--dry-run`` runs the same plan at the ``ci`` size on the CPU, with tiny settings and the GPU hidden, and
 records into the run folder only: the test suite runs it.
 """
@@ -23,9 +32,12 @@ records into the run folder only: the test suite runs it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import itertools
 import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -33,11 +45,95 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from course_utils import config
+from course_utils.atomic_files import write_atomic, write_text_atomic
 from course_utils.parallel.launched_processes import Launch  # every process a task started, found and ended
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN_GPU = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
 GRACE_SECONDS = 15  # no new work this close to the end of the budget
+# The signals that stop a run, and who sends them.
+STOP_SIGNALS = {signal.SIGTERM: "a Slurm job's time limit, scancel or kill", signal.SIGHUP:
+                "the terminal or the SSH session closed", signal.SIGINT: "Ctrl-C"}
+
+
+def say(text: str, stream=None) -> None:
+    """Print, where printing is still possible: after SIGHUP the terminal may be gone, and the run goes on."""
+    try:
+        print(text, file=stream or sys.stdout, flush=True)
+    except (OSError, ValueError):  # EIO from a closed terminal, a broken pipe, a closed stream
+        pass
+
+
+class Stop:
+    """The first stop signal that reached the recorder. Its handler only notes it; the main loop then ends the
+    running tasks (which run in sessions of their own, out of reach of a signal to this process's group) and
+    writes the summary, and the recorder ends by the same signal. A signal ignored when the recorder started
+    (``nohup``'s SIGHUP, a background job's SIGINT) stays ignored."""
+
+    def __init__(self) -> None:
+        self.signal: signal.Signals | None = None
+
+    def install(self) -> None:
+        for number in STOP_SIGNALS:
+            if signal.getsignal(number) is not signal.SIG_IGN:
+                signal.signal(number, self._note)
+
+    def _note(self, number: int, frame: object) -> None:
+        self.signal = self.signal or signal.Signals(number)  # a second signal changes nothing: the tasks end anyway
+
+    @property
+    def name(self) -> str:
+        return self.signal.name if self.signal else ""
+
+    def end_by_it(self) -> None:
+        """End this process by the signal that stopped it, as its sender expects (exit status 128 + N)."""
+        if self.signal is not None:
+            signal.signal(self.signal, signal.SIG_DFL)
+            os.kill(os.getpid(), self.signal)
+
+
+class RunFolderTaken(Exception):
+    """``--out`` names a folder that already holds a run."""
+
+
+def claim_run_folder(out: Path | None) -> Path:
+    """A run folder no other copy of the recorder uses: ``out``, unless it already holds a run (its
+    ``log.jsonl``, created here with O_EXCL, so two copies given one ``--out`` cannot both claim it); else
+    ``reference-<time>`` in the course's runs folder, created with mkdir, which fails where it exists, then
+    ``-2``, ``-3``... (two copies started in the same second)."""
+    if out is None:
+        stem = config.runs_dir() / f"reference-{datetime.now():%Y%m%d-%H%M%S}"
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        for number in itertools.count(1):
+            out = stem if number == 1 else stem.with_name(f"{stem.name}-{number}")
+            try:
+                out.mkdir()
+                break
+            except FileExistsError:
+                continue
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        (out / "log.jsonl").open("x").close()
+    except FileExistsError:
+        raise RunFolderTaken(f"{out} already holds a run (its log.jsonl): give --out a new folder, or leave --out "
+                             "out for a folder of this run's own under runs/") from None
+    (out / "logs").mkdir(exist_ok=True)
+    return out
+
+
+def place(path: Path, target: Path) -> Path:
+    """Move the file ``path`` to ``target`` whole: renamed on one file system, else copied under a temporary name
+    and renamed, so that a full disk leaves no truncated result under its name; ``path`` is removed only then."""
+    try:
+        os.replace(path, target)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        write_atomic(target, lambda stream: stream.write(path.read_bytes()))
+        with contextlib.suppress(OSError):  # placed whole; a copy left in the run folder does no harm
+            path.unlink()
+    return target
 
 
 @dataclass
@@ -200,7 +296,9 @@ class Run:
         self.cores = {"gpu": cores[:half], "data": cores[half:] or cores, "cpu": cores[half:] or cores,
                       "notebooks": cores}
         self.start = time.monotonic()
-        self.log = (out / "log.jsonl").open("a")
+        self.unwritten: list[str] = []  # what could not be written (a read-only folder, a full disk), for the summary
+        self.unlogged: list[str] = []  # tasks whose line in log.jsonl could not be written
+        self.log_error = ""
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -227,30 +325,40 @@ class Run:
 
     def _launch(self, task: Task) -> None:
         staged = self.out / "staged" / task.slug
-        staged.mkdir(parents=True, exist_ok=True)
+        try:
+            staged.mkdir(parents=True, exist_ok=True)
+            log = (self.out / "logs" / f"{task.slug}.log").open("w")
+        except OSError as error:
+            task.status = f"not started: its results folder or log could not be created ({error.strerror})"
+            self.unwritten.append(f"{error.filename}: {error.strerror}; {task.name} was not started")
+            say(f"[{self.elapsed():5.0f} s] {task.status}: {task.name}")
+            return
         env = {**self.env, **task.env, **task.launch.marker, "COURSE_RESULTS_DIR": str(staged),
                "COURSE_RUNS_DIR": str(self.out / "runs" / task.slug), "MPLBACKEND": "Agg", "COURSE_INTERACTIVE": "0"}
         cores = self.cores[task.lane]
-        log = (self.out / "logs" / f"{task.slug}.log").open("w")
-        task.process = subprocess.Popen([self.python, *task.command], cwd=ROOT, env=env, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=(lambda: os.sched_setaffinity(0, cores))
-                                        if hasattr(os, "sched_setaffinity") else None)
+        with log:  # the task holds its own copy of the file
+            task.process = subprocess.Popen([self.python, *task.command], cwd=ROOT, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True,
+                                            preexec_fn=(lambda: os.sched_setaffinity(0, cores))
+                                            if hasattr(os, "sched_setaffinity") else None)
         task.launch.started.append(task.process)
         task.status, task.started = "running", self.elapsed()
-        print(f"[{task.started:5.0f} s] start  {task.name} ({task.lane} lane, cores {cores[0]}-{cores[-1]})",
-              flush=True)
+        say(f"[{task.started:5.0f} s] start  {task.name} ({task.lane} lane, cores {cores[0]}-{cores[-1]})")
 
     def _end(self, task: Task, status: str) -> None:
         task.ended = self.elapsed()
         task.status = status
         self._sort_results(task)
-        self.log.write(json.dumps({"task": task.name, "lane": task.lane, "status": task.status,
-                                   "seconds": task.seconds, "results": [str(p) for p in task.results],
-                                   "note": task.note}) + "\n")
-        self.log.flush()
-        print(f"[{task.ended:5.0f} s] {task.status:>6} {task.name} ({task.seconds:.0f} s)"
-              + (f": {task.note}" if task.note else ""), flush=True)
+        line = json.dumps({"task": task.name, "lane": task.lane, "status": task.status, "seconds": task.seconds,
+                           "results": [str(p) for p in task.results], "note": task.note}) + "\n"
+        try:
+            with (self.out / "log.jsonl").open("a") as log:  # opened for each line: a full disk may free up
+                log.write(line)
+        except OSError as error:
+            self.unlogged.append(task.name)
+            self.log_error = self.log_error or error.strerror
+        say(f"[{task.ended:5.0f} s] {task.status:>6} {task.name} ({task.seconds:.0f} s)"
+            + (f": {task.note}" if task.note else ""))
 
     def _sort_results(self, task: Task) -> None:
         """Move what the task recorded where it belongs: its GPU figures to the results folder, unless another
@@ -261,10 +369,13 @@ class Run:
         if contended:
             task.note = (f"{task.crowded} other process(es) used the GPU while it ran: its timings are kept in "
                          f"{target}, not recorded as GPU figures")
-        target.mkdir(parents=True, exist_ok=True)
         for path in staged:
-            shutil.move(str(path), target / path.name)
-            task.results.append(target / path.name)
+            try:
+                target.mkdir(parents=True, exist_ok=True)
+                task.results.append(place(path, target / path.name))
+            except OSError as error:  # a read-only results folder, a full disk: the result stays where it is
+                task.results.append(path)
+                self.unwritten.append(f"{target / path.name}: {error.strerror}; kept in {path}")
 
     def step(self) -> bool:
         """One look at every task; False once nothing runs and nothing more can start."""
@@ -292,13 +403,34 @@ class Run:
         """How long a task may run: three times its estimate, at least a minute more than it."""
         return max(3 * task.estimate, task.estimate + 60)
 
+    def stop(self, reason: str) -> None:
+        """End every running task, all of its processes (SIGTERM to each and to its process group, SIGKILL
+        after a grace time), keeping what it recorded; what was planned is not started."""
+        for task in self.tasks:
+            if task.status == "running":
+                code = task.process.poll()
+                task.launch.end()
+                self._end(task, "done" if code == 0 else f"interrupted by {reason}")
+            elif task.status == "planned" and not task.ready:
+                task.status = f"not started: stopped by {reason}"
+
 
 def summary(tasks: list[Task], device: str, elapsed: float, budget: float, destination: Path, out: Path,
-            counted: bool = True) -> str:
+            counted: bool = True, stopped: str = "", unwritten: list[str] | tuple[str, ...] = ()) -> str:
     """The run on one screen: each GPU figure against its goal, the notebooks, and what was not done.
-    ``counted``: whether the GPU's other processes could be counted (NVML)."""
+    ``counted``: whether the GPU's other processes could be counted (NVML); ``stopped``: the signal that stopped
+    the run, if one did; ``unwritten``: what could not be written, and where it was kept instead."""
     lines = [f"Reference run on {device}: {elapsed:.0f} s of {budget:.0f}; results in {destination}, logs and "
              f"executed notebooks in {out}", ""]
+    if stopped:
+        done = [t.name for t in tasks if t.ready or t.status == "done"]
+        cut = [t.name for t in tasks if t.status.startswith("interrupted")]
+        never = [t.name for t in tasks if not t.ready and t.status.startswith("not started")]
+        cause = STOP_SIGNALS.get(getattr(signal, stopped, None), "")
+        lines += [f"STOPPED by {stopped}" + (f" ({cause})" if cause else "") + f" after {elapsed:.0f} s: its running "
+                  "tasks were ended, every process of each; what they recorded is kept.",
+                  "  done: " + (", ".join(done) or "nothing"), "  interrupted: " + (", ".join(cut) or "nothing"),
+                  "  never started: " + (", ".join(never) or "nothing"), ""]
     alone = ("with the GPU to itself (no other process on it, counted by NVML)" if counted else
              "with no other task of this run on the GPU (other users' processes cannot be counted here: no NVML)")
     lines.append(f"GPU figures, each measured {alone}:" if device != "CPU" else
@@ -308,7 +440,12 @@ def summary(tasks: list[Task], device: str, elapsed: float, budget: float, desti
         time_text = f" after {task.seconds:.0f} s" if task.seconds is not None else ""
         lines.append(f"- {task.name}: {task.status}{time_text}" + (f" ({task.note})" if task.note else ""))
         for path in task.results:
-            for goal in json.loads(path.read_text()).get("goals", []):
+            try:
+                goals = json.loads(path.read_text()).get("goals", [])
+            except (OSError, ValueError) as error:
+                lines.append(f"    {path}: unreadable ({error})")
+                continue
+            for goal in goals:
                 verdict = {True: "met", False: "NOT met", None: "not judged"}[goal["met"]]
                 value = "not measured" if goal["value"] is None else f"{goal['value']:.3g}"
                 lines.append(f"    {goal['figure']}: {value} (goal {goal['goal']}): {verdict}")
@@ -320,6 +457,13 @@ def summary(tasks: list[Task], device: str, elapsed: float, budget: float, desti
     lines += ["", "Data: " + "; ".join(data)]
     missing = [t.name for t in tasks if not t.ready and t.status != "done"]
     lines.append("Not done: " + (", ".join(missing) if missing else "nothing"))
+    kept: dict[Path, list[str]] = {}
+    for path in (path for task in tasks for path in task.results):
+        kept.setdefault(path.parent, []).append(path.name)
+    lines.append("Results kept: " + ("; ".join(f"{', '.join(names)} in {folder}" for folder, names in kept.items())
+                                     or "none"))
+    if unwritten:
+        lines += ["Could not be written (the run went on without it):", *(f"- {text}" for text in unwritten)]
     return "\n".join(lines)
 
 
@@ -329,23 +473,43 @@ def main(argv: list[str] | None = None) -> int:
                                                               "the run folder only")
     parser.add_argument("--budget", type=float, default=None, help="seconds in all (default 540, nine minutes; "
                                                                    "300 for a dry run)")
-    parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/reference-<time>)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="run folder, new or holding no run yet (default reference-<time> in $COURSE_RUNS_DIR, "
+                             "else in runs/ of the checkout, with a -2, -3... suffix when that name is taken)")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="data root (default $COURSE_DATA_DIR, else stand-in/ in the checkout)")
     args = parser.parse_args(argv)
+    stop = Stop()
+    stop.install()
     budget = args.budget or (300 if args.dry_run else 540)
-    out = args.out or ROOT / "runs" / f"reference-{datetime.now():%Y%m%d-%H%M%S}"
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+    try:
+        out = claim_run_folder(args.out)
+    except RunFolderTaken as error:
+        say(f"error: {error}; nothing was run", sys.stderr)
+        return 2
+    except OSError as error:
+        say(f"error: the run folder cannot be written ({error.filename}: {error.strerror}); nothing was run and "
+            "nothing written. Give --out a folder on a writable file system with free space", sys.stderr)
+        return 2
+    say(f"run folder {out}")
     data = (args.data_dir or Path(os.environ.get("COURSE_DATA_DIR") or ROOT / "stand-in")).resolve()
     # The GPU lane measures the workshop size whatever the shell exported; the ci tasks say ci themselves.
     env = {**os.environ, "COURSE_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1", "COURSE_SIZE": "workshop"}
     if args.dry_run:
         env.update(HIDDEN_GPU, COURSE_SIZE="ci")
     tasks = plan(args.dry_run, out, data)
-    found = probe(sys.executable, env)
-    if not args.dry_run and not found["gpu"]:
-        print("error: no GPU is visible to PyTorch here; on a GPU node this records its reference results, and "
-              "--dry-run tries the plan on the CPU", file=sys.stderr)
+    try:
+        found = probe(sys.executable, env)
+    except subprocess.CalledProcessError as error:
+        if not stop.signal:  # Ctrl-C reaches the probe too (it shares the terminal's process group)
+            say(f"error: {sys.executable} could not say which device is here (exit {error.returncode}):\n"
+                f"{(error.stderr or '')[-2000:]}", sys.stderr)
+            return 2
+        found = {"device": "CPU" if args.dry_run else "this node's GPU (not asked: stopped first)", "gpu": False,
+                 "pci": "", "torch": "(not asked)"}
+    if not args.dry_run and not found["gpu"] and not stop.signal:
+        say("error: no GPU is visible to PyTorch here; on a GPU node this records its reference results, and "
+            "--dry-run tries the plan on the CPU", sys.stderr)
         return 2
     for task in tasks:
         if task.lane == "data" and (reason := _already_there(task, data)):
@@ -354,24 +518,33 @@ def main(argv: list[str] | None = None) -> int:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     pci = found["pci"] if found["gpu"] else ""
     if pci and (others := gpu_processes(pci)):
-        print(f"warning: {len(others)} process(es) already use the GPU; what they share it with is not recorded as "
-              "a GPU figure", file=sys.stderr)
-    print(f"{found['device']}, PyTorch {found['torch']}, {len(cores)} cores; {len(tasks)} tasks, budget "
-          f"{budget:.0f} s; "
-          f"run folder {out}", flush=True)
+        say(f"warning: {len(others)} process(es) already use the GPU; what they share it with is not recorded as "
+            "a GPU figure", sys.stderr)
+    say(f"{found['device']}, PyTorch {found['torch']}, {len(cores)} cores; {len(tasks)} tasks, budget {budget:.0f} s; "
+        f"run folder {out}")
     run = Run(tasks, out, budget, sys.executable, env, destination, pci, cores)
-    try:
-        while run.step():
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        for task in tasks:
-            if task.status == "running":
-                task.launch.end()
-                run._end(task, "stopped (Ctrl-C)")
+    while not stop.signal and run.step():
+        time.sleep(0.5)
+    if stop.signal:
+        say(f"{stop.name} received: ending the running tasks (every process of each), then the summary",
+            sys.stderr)
+        run.stop(stop.name)
+    if run.unlogged:
+        run.unwritten.append(f"{out / 'log.jsonl'}: {run.log_error}; the lines of {', '.join(run.unlogged)} are "
+                             "missing from it (this summary has their outcome)")
     text = summary(tasks, found["device"], run.elapsed(), budget, destination, out,
-                   counted=not pci or gpu_processes(pci) is not None)
-    (out / "summary.txt").write_text(text + "\n")
-    print("\n" + text)
+                   counted=not pci or gpu_processes(pci) is not None, stopped=stop.name, unwritten=run.unwritten)
+    try:
+        write_text_atomic(out / "summary.txt", text + "\n")
+        written = f"(also in {out / 'summary.txt'})"
+    except OSError as error:
+        written = (f"summary.txt could not be written ({error.filename}: {error.strerror}): this screen is the "
+                   "only copy of the summary")
+    say("\n" + text + "\n" + written)
+    if not written.startswith("(also"):
+        say(f"warning: {written}", sys.stderr)
+    if stop.signal:
+        stop.end_by_it()
     return 0 if all(t.ready or t.status == "done" for t in tasks) else 1
 
 
