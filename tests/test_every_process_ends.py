@@ -151,3 +151,50 @@ def test_each_launched_script_ends_within_seconds_of_its_last_line(notebook, nam
     print(f"{name}: exit {ended.code}, {ended.seconds_after_last_line:.2f} s after its last line")
     assert ended.code == 0, ended.output[-3000:]
     assert ended.seconds_after_last_line < LAST_LINE_TO_EXIT_SECONDS, ended.output[-3000:]
+
+
+def _until_idle(client, msg_id: str, timeout: float) -> list[str]:
+    """The outputs and errors of one execution, once the kernel is idle again."""
+    said, deadline = [], time.monotonic() + timeout
+    while True:
+        message = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = message["msg_type"], message["content"]
+        if kind == "stream":
+            said.append(content["text"])
+        elif kind == "error":
+            said.append(f"{content['ename']}: {content['evalue']}")
+        elif kind == "status" and content["execution_state"] == "idle":
+            return said
+
+
+def test_a_cell_interrupted_while_compiling_leaves_the_kernel_usable(tiny_root, tmp_path, monkeypatch):
+    """The learner's two Ctrl-Cs (Jupyter's interrupt) while the compiler compiles, as in notebook 05's compile
+    stage with a cold cache: the cell stops at once, and the next compiled run in the same kernel trains."""
+    from jupyter_client.manager import start_new_kernel
+
+    cache = tmp_path / "inductor-cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    options = (f"size='ci', data_dir={str(tiny_root)!r}, train_samples=128, test_samples=64, batch_size=16, "
+               "max_steps=4, workers=0, progress=False, compile='default'")
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        running = client.execute(f"from course_utils.train import train\n"
+                                 f"summary = train({options}, out={str(tmp_path / 'first')!r})")
+        deadline = time.monotonic() + 300
+        while not (cache.is_dir() and any(cache.rglob("*"))) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the compiler writes its cache as it compiles
+        assert any(cache.rglob("*")), "the compiler never started"
+        manager.interrupt_kernel()  # the first asks the run to stop after its step ...
+        time.sleep(2)
+        manager.interrupt_kernel()  # ... the second stops it at once
+        said = "".join(_until_idle(client, running, timeout=120))
+        assert "KeyboardInterrupt" in said, said
+        again = client.execute(f"summary = train({options}, out={str(tmp_path / 'second')!r}); "
+                               "print('steps', summary['steps'])")
+        said = "".join(_until_idle(client, again, timeout=300))
+        assert "steps 4" in said, said
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
