@@ -1,12 +1,17 @@
 """Shared fixtures: a small generated CIFAR-100 and COCO-format set, quick training options, readers of a run
 folder, a free port, a small or read-only file system, the cloud recipe run as two 'VMs' on this machine, and
-the one torchrun self-check of the session."""
+the one torchrun self-check of the session, and a command run to its end with the seconds it outlived its last
+line."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
+import signal
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,3 +125,58 @@ def torchrun_self_check(tmp_path_factory: pytest.TempPathFactory) -> SelfCheck:
         result = launch(2, "course_utils.parallel.process_group", log_dir=tmp_path_factory.mktemp("self-check"),
                         timeout_seconds=180)
     return SelfCheck(result, streamed.getvalue())
+
+
+# Python's exit handlers and torchrun's agent take a second or two after the last line, on a busy machine a few
+# more; a process held open by a thread nobody stops never exits.
+LAST_LINE_TO_EXIT_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A process run to its end: its code, its output, and how long it lived after its last line."""
+
+    code: int
+    output: str
+    seconds_after_last_line: float
+
+    def assert_ended(self, code: int) -> None:
+        """It exited with ``code``, within :data:`LAST_LINE_TO_EXIT_SECONDS` of its last line."""
+        assert self.code == code, f"exit {self.code}, not {code}:\n{self.output[-3000:]}"
+        assert self.seconds_after_last_line < LAST_LINE_TO_EXIT_SECONDS, \
+            f"alive {self.seconds_after_last_line:.1f} s after its last line:\n{self.output[-3000:]}"
+
+
+def _run_to_end(command: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> Ended:
+    """Run ``command`` in a session of its own, reading its output as it comes; a process still alive after
+    ``timeout`` is ended with its whole session and reported as such."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
+    lines: list[bytes] = []
+    last_line = [time.monotonic()]
+
+    def read() -> None:
+        for line in iter(process.stdout.readline, b""):
+            lines.append(line)
+            last_line[0] = time.monotonic()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        output = b"".join(lines).decode(errors="replace")
+        pytest.fail(f"still alive {time.monotonic() - last_line[0]:.0f} s after its last line, ended after "
+                    f"{timeout:g} s: {' '.join(command)}\n{output[-3000:]}")
+    ended = time.monotonic()
+    reader.join(timeout=10)
+    return Ended(code, b"".join(lines).decode(errors="replace"), ended - last_line[0])
+
+
+@pytest.fixture(scope="session")
+def run_to_end() -> Callable[..., Ended]:
+    """``run_to_end(command, env=None, timeout=600)``: the command run as a real process to its end, its output read
+    as it comes; an :class:`Ended` with its code, output and the seconds it lived after its last line."""
+    return _run_to_end

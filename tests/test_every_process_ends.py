@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,48 +23,6 @@ from course_utils.parallel.launch import torchrun_command
 from course_utils.training.options import to_flags
 
 pytestmark = [pytest.mark.slow]
-
-# Python's exit handlers and torchrun's agent take a second or two after the last line, on a busy machine a few
-# more; a process held open by a thread nobody stops never exits.
-LAST_LINE_TO_EXIT_SECONDS = 20.0
-
-
-@dataclass(frozen=True)
-class Ended:
-    """A process run to its end: its code, its output, and how long it lived after its last line."""
-
-    code: int
-    output: str
-    seconds_after_last_line: float
-
-
-def run_to_end(command: list[str], env: dict[str, str], timeout: float = 600) -> Ended:
-    """Run ``command`` in a session of its own, reading its output as it comes; a process still alive after
-    ``timeout`` is ended with its whole session and reported as such."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                               start_new_session=True)
-    lines: list[bytes] = []
-    last_line = [time.monotonic()]
-
-    def read() -> None:
-        for line in iter(process.stdout.readline, b""):
-            lines.append(line)
-            last_line[0] = time.monotonic()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        code = process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        process.wait()
-        output = b"".join(lines).decode(errors="replace")
-        pytest.fail(f"still alive {time.monotonic() - last_line[0]:.0f} s after its last line, ended after "
-                    f"{timeout:g} s: {' '.join(command)}\n{output[-3000:]}")
-    ended = time.monotonic()
-    reader.join(timeout=10)
-    return Ended(code, b"".join(lines).decode(errors="replace"), ended - last_line[0])
-
 
 def _flags(tiny_root: Path, out: Path, **options) -> list[str]:
     quick = dict(size="ci", data_dir=str(tiny_root), train_samples=128, test_samples=64, batch_size=16, max_steps=4,
@@ -100,7 +55,8 @@ OPTIONS = [
 
 
 @pytest.mark.parametrize(("name", "ranks", "options", "code"), OPTIONS, ids=[name for name, *_ in OPTIONS])
-def test_the_command_ends_within_seconds_of_its_last_line(name, ranks, options, code, tiny_root, tmp_path):
+def test_the_command_ends_within_seconds_of_its_last_line(name, ranks, options, code, tiny_root, tmp_path,
+                                                         run_to_end):
     out = tmp_path / "run"
     flags = _flags(tiny_root, out, **options)
     if "monitor" in options:  # the profiler beside the monitor's sampler
@@ -111,8 +67,7 @@ def test_the_command_ends_within_seconds_of_its_last_line(name, ranks, options, 
         command = torchrun_command(ranks, "course_utils.train", tuple(flags), tmp_path / "logs")
     ended = run_to_end(command, _env(tmp_path))
     print(f"{name}: exit {ended.code}, {ended.seconds_after_last_line:.2f} s after its last line")
-    assert ended.code == code, ended.output[-3000:]
-    assert ended.seconds_after_last_line < LAST_LINE_TO_EXIT_SECONDS, ended.output[-3000:]
+    ended.assert_ended(code)
     assert (out / "summary.json").is_file() == (code == 0)
     if name == "compile default":  # notebook 05's compile stage: it trains, and compiling is paid once
         assert _loss_falls(out)
@@ -141,7 +96,8 @@ SCRIPTS = [
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(("notebook", "name", "arguments"), SCRIPTS, ids=[name for _, name, _ in SCRIPTS])
-def test_each_launched_script_ends_within_seconds_of_its_last_line(notebook, name, arguments, tiny_root, tmp_path):
+def test_each_launched_script_ends_within_seconds_of_its_last_line(notebook, name, arguments, tiny_root, tmp_path,
+                                                                 run_to_end):
     script = tmp_path / name
     script.write_text(shipped_script(notebook, name))
     out = tmp_path / "out"
@@ -149,8 +105,7 @@ def test_each_launched_script_ends_within_seconds_of_its_last_line(notebook, nam
     filled = [argument.format(data=tiny_root, out=out) for argument in arguments]
     ended = run_to_end(torchrun_command(2, str(script), tuple(filled), tmp_path / "logs"), _env(tmp_path))
     print(f"{name}: exit {ended.code}, {ended.seconds_after_last_line:.2f} s after its last line")
-    assert ended.code == 0, ended.output[-3000:]
-    assert ended.seconds_after_last_line < LAST_LINE_TO_EXIT_SECONDS, ended.output[-3000:]
+    ended.assert_ended(0)
 
 
 def _until_idle(client, msg_id: str, timeout: float) -> list[str]:
@@ -198,3 +153,20 @@ def test_a_cell_interrupted_while_compiling_leaves_the_kernel_usable(tiny_root, 
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+# The course's tools, each as a learner or an instructor starts it from a terminal: the doctor with no job to look
+# at, the monitor for a few samples, the data preparation of the ci size.
+TOOLS = [
+    ("doctor", ["-m", "course_utils.doctor"], 1),
+    ("monitor", ["-m", "course_utils.observe.monitor", "--backend", "cpu", "--count", "3", "--interval", "0.2"], 0),
+    ("data_prep", ["-m", "data_prep", "--size", "ci"], 0),
+]
+
+
+@pytest.mark.parametrize(("name", "arguments", "code"), TOOLS, ids=[name for name, *_ in TOOLS])
+def test_each_tool_ends_within_seconds_of_its_last_line(name, arguments, code, tmp_path, run_to_end):
+    env = {**os.environ, "COURSE_DATA_DIR": str(tmp_path / "data"), "COURSE_RUNS_DIR": str(tmp_path / "runs")}
+    ended = run_to_end([sys.executable, *arguments], env)
+    print(f"{name}: exit {ended.code}, {ended.seconds_after_last_line:.2f} s after its last line")
+    ended.assert_ended(code)
