@@ -13,14 +13,22 @@ stops or signals the job.
 One look cannot tell a stuck rank from a slow one: a straggler whose loader sleeps most of each step stands at
 the same line as a rank that never leaves it. So the doctor looks several times (``--looks``), with each frame's
 local variables: a rank whose stack or locals (its step counter) change between looks moves; one that shows the
-same every time stands still.
+same every time stands still. A rank whose process has gone between looks ended: the doctor says so, and that
+the job ended when all did.
+
+The doctor ends within ``--within`` seconds whatever it meets: the looks stop at their share of that time, the log
+is read for what is left (a log of gigabytes is read in part, and the screen says how much), and a step that
+never returns (a GPU or a process that does not answer) makes the doctor give up with a line that says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,7 +38,7 @@ import psutil
 
 from course_utils.devices import VISIBLE_VARIABLES as VISIBLE_BY_VENDOR
 from course_utils.observe.monitor import BackendUnavailable, Reading, open_backend
-from course_utils.parallel import comm_failures, hangs, launched_processes
+from course_utils.parallel import bounded_reading, comm_failures, hangs, launched_processes
 
 COLLECTIVES = {"all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send",
@@ -43,6 +51,9 @@ IDLE_POWER_SHARE = 0.35  # ... that draws less than this share of its power limi
 CPU_SAMPLE_SECONDS = 0.5  # the shortest span a process's CPU share is measured over
 LOOKS = 3
 LOOK_EVERY_SECONDS = 1.0
+WITHIN_SECONDS = 90.0  # the whole run's bound (notebook 12 waits 120 s for the doctor)
+LOOK_SHARE = 0.6  # of that bound, the looks' share; the devices and the log have the rest
+GIVE_UP_GRACE_SECONDS = 15.0  # past the bound, a step that has not returned is given up
 
 
 @dataclass
@@ -57,6 +68,7 @@ class RankLook:
     script_line: str = ""  # the innermost frame outside PyTorch: the learner's own line
     looks: int = 1  # how many of its stacks were read
     places: int = 1  # how many of them differ (frames and locals): more than one, it moves
+    ended: bool = False  # its process had gone by the last look
 
     @property
     def read(self) -> bool:
@@ -65,13 +77,16 @@ class RankLook:
 
     @property
     def moving(self) -> bool:
-        return self.places > 1
+        return self.places > 1 and not self.ended
 
     def line(self) -> str:
         busy = "?" if self.cpu_percent is None else f"{self.cpu_percent:.0f}%"
         where = (f"in {self.collective}" if self.collective else "in no collective" if self.read
                  else f"stack not read ({self.stack.splitlines()[0] if self.stack else 'py-spy printed nothing'})")
         at = f", at {self.script_line}" if self.script_line else ""
+        if self.ended:
+            last = f"; last seen {where}{at}" if self.read else ""
+            return f"rank {self.rank} (pid {self.pid}): ended while the doctor looked{last}"
         seen = ("" if self.looks < 2 or not self.read else
                 f"; moving ({self.places} different stacks in {self.looks} looks)" if self.moving
                 else f"; still (the same stack at all {self.looks} looks)")
@@ -89,10 +104,18 @@ class Examination:
     devices_shown: str = ""  # which of the node's GPUs are the job's
     log_verdict: str = ""
     advice: list[str] = field(default_factory=list)
+    bound: str = ""  # what the doctor's time bound cut short
+
+    @property
+    def over(self) -> bool:
+        """No rank of the job runs (all ended while the doctor looked, or none was found)."""
+        return all(look.ended for look in self.ranks)
 
     def screen(self, full: bool = False) -> str:
-        lines = [f"doctor: {self.job}, {len(self.ranks)} rank(s) on this node"]
+        ended = ": the job ended while the doctor looked" if self.ranks and self.over else ""
+        lines = [f"doctor: {self.job}, {len(self.ranks)} rank(s) on this node{ended}"]
         lines += [look.line() for look in self.ranks]
+        lines += [self.bound] if self.bound else []
         lines += [self.devices_shown] if self.devices_shown else []
         lines += [_device_line(reading, self.device_kind) for reading in self.devices]
         if self.log_verdict:
@@ -137,19 +160,23 @@ def read_stack(rank: int, pid: int, stack: str, cpu_percent: float | None) -> Ra
     return RankLook(rank, pid, cpu_percent, stack, collective, script)
 
 
-def read_looks(rank: int, pid: int, stacks: list[str], cpu_percent: float | None) -> RankLook:
+def read_looks(rank: int, pid: int, stacks: list[str], cpu_percent: float | None, ended: bool = False) -> RankLook:
     """Where one rank stands over several looks: the collective it was in at most of them (a rank caught on its
-    way into a collective is still waiting there), and whether it moved between them."""
+    way into a collective is still waiting there), and whether it moved between them; ``ended``: its process had
+    gone by the last look."""
     readable = [stack for stack in stacks if _frames(stack)]
     if not readable:
-        return read_stack(rank, pid, stacks[-1] if stacks else "", cpu_percent)
+        look = read_stack(rank, pid, stacks[-1] if stacks else "", cpu_percent)
+        look.ended = ended
+        return look
     looks = [read_stack(rank, pid, stack, cpu_percent) for stack in readable]
     collective, count = Counter(look.collective for look in looks).most_common(1)[0]
     if collective and 2 * count <= len(looks):
         collective = ""  # in a collective at half the looks or fewer: it does not wait there
     shown = next(look for look in reversed(looks) if bool(look.collective) == bool(collective))
     places = len({tuple(_main_thread(stack)) for stack in readable})
-    return RankLook(rank, pid, cpu_percent, shown.stack, shown.collective, shown.script_line, len(readable), places)
+    return RankLook(rank, pid, cpu_percent, shown.stack, shown.collective, shown.script_line, len(readable), places,
+                    ended)
 
 
 def _processes(pids: list[int]) -> dict[int, psutil.Process]:
@@ -162,6 +189,14 @@ def _processes(pids: list[int]) -> dict[int, psutil.Process]:
         except psutil.Error:
             continue
     return processes
+
+
+def _gone(process: psutil.Process) -> bool:
+    """Whether a process has ended (an exited one its parent has not reaped yet has ended too)."""
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def _cpu_percents(processes: dict[int, psutil.Process]) -> dict[int, float | None]:
@@ -197,6 +232,17 @@ def spinning_gpus(readings: list[Reading]) -> list[int]:
 def advise(ranks: list[RankLook], spinning: list[int], diagnosis: comm_failures.Diagnosis | None) -> list[str]:
     """What to try next, from where the ranks stand, the devices and the log."""
     advice: list[str] = []
+    ended = [look for look in ranks if look.ended]
+    if not ranks:
+        advice.append("no rank of the job was found on this node: its ranks have not started yet, or have ended; "
+                      "run the doctor again, or name a rank's pid with --pid")
+    elif len(ended) == len(ranks):
+        advice.append("the job ended while the doctor looked: read how in its output (the exit status, each rank's "
+                      "last lines; with NCCL_DEBUG=INFO, --log names a communication failure)")
+    elif ended:
+        advice.append(f"rank(s) {_names(ended)} ended while the others ran: the others wait in their next collective "
+                      "until the process group's timeout; read the ended rank's error in the job's output")
+    ranks = [look for look in ranks if not look.ended]
     unread = [look for look in ranks if not look.read]
     ranks = [look for look in ranks if look.read]  # a stack py-spy could not read says nothing about its rank
     if unread:
@@ -298,34 +344,80 @@ def _devices() -> tuple[list[Reading], str]:
         backend.close()
 
 
-def examine(launcher: int, log: Path | None = None, stack_seconds: float = hangs.STACK_SECONDS, looks: int = LOOKS,
-            every_seconds: float = LOOK_EVERY_SECONDS) -> Examination:
-    """Look ``looks`` times, ``every_seconds`` apart, at every rank of the job ``launcher`` belongs to (a torchrun
-    launcher, or a Slurm step's task); read ``log`` if given."""
+def _job(launcher: int) -> tuple[str, dict[int, int]]:
+    """The job's name and its ranks (rank -> pid) on this node."""
     if hangs.is_launcher(psutil.Process(launcher)):
-        job, pids = f"torchrun pid {launcher}", hangs.rank_pids(launcher)
-    else:
-        pids = hangs.slurm_step_ranks(launcher)
-        env = psutil.Process(launcher).environ()
-        job = f"Slurm step {env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID')}"
-    processes, began = _processes(list(pids.values())), time.monotonic()
+        return f"torchrun pid {launcher}", hangs.rank_pids(launcher)
+    env = psutil.Process(launcher).environ()
+    return f"Slurm step {env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID')}", hangs.slurm_step_ranks(launcher)
+
+
+def _look(pids: dict[int, int], processes: dict[int, psutil.Process], looks: int, every_seconds: float,
+          stack_seconds: float, until: float) -> tuple[dict[int, list[str]], set[int], int]:
+    """Read each rank's stack ``looks`` times, ``every_seconds`` apart, before ``until`` (a time.monotonic()); a
+    rank whose process has gone is not read again. The stacks, the pids gone, and how many looks were made."""
     stacks: dict[int, list[str]] = {rank: [] for rank in pids}
+    gone = {pid for pid in pids.values() if pid not in processes}
+    made = 0
     for look in range(looks):
         if look:
             time.sleep(every_seconds)
+        if time.monotonic() >= until or set(pids.values()) <= gone:
+            break
         for rank, pid in pids.items():
-            stacks[rank].append(hangs.python_stack(pid, stack_seconds, with_locals=looks > 1))
+            if pid not in gone and (left := until - time.monotonic()) > 0:
+                stacks[rank].append(hangs.python_stack(pid, min(stack_seconds, left), with_locals=looks > 1))
+        gone |= {pid for pid, process in processes.items() if _gone(process)}
+        made += 1
+    return stacks, gone, made
+
+
+def _diagnosis(log: Path | None, seconds: float) -> tuple[comm_failures.Diagnosis | None, str]:
+    """The log's diagnosis, read for at most ``seconds``, and its sentence (or why it could not be read)."""
+    if log is None:
+        return None, ""
+    try:
+        diagnosis = comm_failures.read_log(log, seconds=max(seconds, 1.0))
+    except bounded_reading.NotReadable as error:
+        return None, f"communication log: not read: {error}"
+    except OSError as error:
+        return None, f"communication log: not read: {log} ({error.strerror})"
+    return diagnosis, diagnosis.sentence()
+
+
+def examine(launcher: int, log: Path | None = None, stack_seconds: float = hangs.STACK_SECONDS, looks: int = LOOKS,
+            every_seconds: float = LOOK_EVERY_SECONDS, within: float = WITHIN_SECONDS) -> Examination:
+    """Look ``looks`` times, ``every_seconds`` apart, at every rank of the job ``launcher`` belongs to (a torchrun
+    launcher, or a Slurm step's task); read ``log`` if given; all within about ``within`` seconds."""
+    began = time.monotonic()
+    job, pids = _job(launcher)
+    processes = _processes(list(pids.values()))
+    stacks, gone, made = _look(pids, processes, looks, every_seconds, stack_seconds, began + LOOK_SHARE * within)
     time.sleep(max(0.0, CPU_SAMPLE_SECONDS - (time.monotonic() - began)))
     cpu = _cpu_percents(processes)
-    ranks = [read_looks(rank, pid, stacks[rank], cpu.get(pid)) for rank, pid in pids.items()]
+    gone |= {pid for pid, process in processes.items() if _gone(process)}
+    ranks = [read_looks(rank, pid, stacks[rank], cpu.get(pid), pid in gone) for rank, pid in pids.items()]
+    bound = (f"looks: {made} of {looks}, cut short by the doctor's bound (--within {within:g} s)"
+             if made < looks and not set(pids.values()) <= gone else "")
     devices, kind = _devices()
     which = ""
     if kind != "cpu":
         environments = [launched_processes.environment(process) for process in processes.values()]
         devices, which = the_jobs(devices, job_gpus(environments))
-    diagnosis = comm_failures.diagnose(log.read_text(errors="replace")) if log is not None else None
-    return Examination(job, ranks, devices, kind, which, diagnosis.sentence() if diagnosis else "",
-                       advise(ranks, spinning_gpus(devices) if kind != "cpu" else [], diagnosis))
+    diagnosis, verdict = _diagnosis(log, began + within - time.monotonic())
+    return Examination(job, ranks, devices, kind, which, verdict,
+                       advise(ranks, spinning_gpus(devices) if kind != "cpu" else [], diagnosis), bound)
+
+
+def _not_yours(process: psutil.Process) -> str | None:
+    """The user a process belongs to, where it is not this user's: the doctor reads only its own user's jobs, as
+    :func:`launched_processes.same_user` says (and finds their ranks only there)."""
+    if launched_processes.same_user(process):
+        return None
+    try:
+        return process.username()
+    except psutil.Error:
+        return "another user"
 
 
 def find_job(pid: int | None) -> int:
@@ -341,15 +433,45 @@ def find_job(pid: int | None) -> int:
         return found[0].pid
     try:
         process = psutil.Process(pid)
+        owner = _not_yours(process)
     except psutil.Error:
         raise SystemExit(f"doctor: no process has pid {pid}; `ps -ef | grep torch.distributed.run` lists the "
                          "torchrun jobs") from None
+    if owner is not None:
+        raise SystemExit(f"doctor: pid {pid} belongs to user {owner}, not to you ({psutil.Process().username()}): "
+                         "the job is not yours, and the doctor reads only your own jobs (py-spy reads a process's "
+                         "stack only as the same user or as root, and another user's ranks are not looked for); run "
+                         f"it as {owner}: sudo -u {owner} python -m course_utils.doctor --pid {pid}")
     for candidate in [process, *process.parents()]:
         if hangs.is_launcher(candidate):
             return candidate.pid
     if hangs.slurm_step_ranks(pid):
         return pid
     raise SystemExit(f"doctor: pid {pid} is neither a torchrun launcher, nor one of its ranks, nor a Slurm step's task")
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds for argparse: finite and not negative."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (a finite number, 0 or more)")
+    return seconds
+
+
+def _give_up_after(seconds: float) -> None:
+    """End this process after ``seconds``, whatever it waits for (a GPU or a process that does not answer)."""
+    def give_up() -> None:
+        print(f"doctor: gave up after {seconds:g} s: a look at the job or its devices did not return (a process or a "
+              "GPU that does not answer); read one rank by hand with `py-spy dump --pid PID`", file=sys.stderr,
+              flush=True)
+        os._exit(3)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,16 +481,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="print each rank's whole Python stack too")
     parser.add_argument("--looks", type=int, default=LOOKS,
                         help=f"how many times to read each rank's stack, to tell stuck from slow (default {LOOKS})")
-    parser.add_argument("--every", type=float, default=LOOK_EVERY_SECONDS,
+    parser.add_argument("--every", type=_seconds, default=LOOK_EVERY_SECONDS,
                         help=f"seconds between looks (default {LOOK_EVERY_SECONDS:g})")
+    parser.add_argument("--within", type=_seconds, default=WITHIN_SECONDS,
+                        help=f"seconds the whole examination may take (default {WITHIN_SECONDS:g}); the looks have "
+                             f"{LOOK_SHARE:g} of them")
     args = parser.parse_args(argv)
-    if args.looks < 1 or args.every < 0:
-        parser.error("--looks is a count (1 or more), --every a number of seconds (0 or more)")
-    if args.log is not None and not args.log.is_file():
-        print(f"doctor: cannot read the log {args.log}: no such file", file=sys.stderr)
-        return 2
-    print(examine(find_job(args.pid), args.log, looks=args.looks, every_seconds=args.every).screen(args.full))
-    return 0
+    if args.looks < 1 or args.within <= 0:
+        parser.error("--looks is a count (1 or more), --within a number of seconds above 0")
+    if (args.looks - 1) * args.every > LOOK_SHARE * args.within:
+        parser.error(f"--looks {args.looks} --every {args.every:g} waits {(args.looks - 1) * args.every:g} s, more "
+                     f"than the looks' share of --within {args.within:g} s ({LOOK_SHARE * args.within:g} s): fewer "
+                     "looks, a shorter --every, or a longer --within")
+    if args.log is not None:
+        try:
+            bounded_reading.Lines(args.log).close()  # said now, not after the looks
+        except bounded_reading.NotReadable as error:
+            print(f"doctor: --log {error}", file=sys.stderr)
+            return 2
+    _give_up_after(args.within + GIVE_UP_GRACE_SECONDS)
+    job = find_job(args.pid)
+    try:
+        examination = examine(job, args.log, looks=args.looks, every_seconds=args.every, within=args.within)
+    except psutil.NoSuchProcess:
+        print(f"doctor: the job (pid {job}) ended before the doctor could look", file=sys.stderr)
+        return 1
+    print(examination.screen(args.full))
+    return 1 if examination.over else 0
 
 
 if __name__ == "__main__":

@@ -17,27 +17,30 @@ import argparse
 import re
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from course_utils.parallel import transport
+from course_utils.parallel import bounded_reading, transport
 
+# Every pattern reads a line in linear time: no lazy group before ``\s*$``, no ``.*`` between two words (tried again
+# from each place the first word stands), no two blanks' quantifiers side by side.
 RINGS = re.compile(r"NCCL INFO Connected all rings")
 TREES = re.compile(r"NCCL INFO Connected all trees")
-WATCHDOG_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\((?P<work>[^)]*)\)")
+WATCHDOG_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(")
 BOGUS_OOM = re.compile(r"out of memory\. Tried to allocate more than 1EB memory")
 # RCCL's banner (``RCCL version : 2.21.5-HEAD:...`` or ``RCCL version 2.16.5+hip5.6``), NCCL's
 # (``NCCL version 2.10.3+cuda11.3``) and PyTorch's (``NCCL version: 2.20.5``)
-VERSION = re.compile(r"\b(?P<library>[NR]CCL) version\s*:?\s*(?P<version>\d+\.\d+\.\d+\S*)")
+VERSION = re.compile(r"(?P<library>[NR]CCL) version(?:\s*:)?\s*(?P<version>\d+\.\d+\.\d+\S*)")
 RCCL = re.compile(r"RCCL version|Librccl path|aws-ofi-rccl| comm 0x[0-9a-f]+ nRanks \d+")
-INTERFACES = re.compile(r"NCCL INFO (?:Bootstrap|NET/Socket) : Using (?P<list>.+?)\s*$")
-INTERFACE = re.compile(r"(?:\[\d+\])?(?P<name>[A-Za-z][\w.-]*):")
+INTERFACES = re.compile(r"NCCL INFO (?:Bootstrap|NET/Socket) : Using (?P<list>.*\S)")
+INTERFACE = re.compile(r"(?:\[\d+\])?(?<![\w.-])(?P<name>[A-Za-z][\w.-]*):")  # from the start of a word only
 IFNAME = re.compile(r"NCCL_SOCKET_IFNAME set by environment to (?P<value>\S+)")
-ERROR = re.compile(r"(?P<text>\b\w*(?:Error|Exception)\b:.+?|Watchdog caught collective operation timeout.+?|"
-                   r"Last NCCL warning.+?)\s*$")
+ERROR = re.compile(r"(?P<text>\b\w*(?:Error|Exception)\b:.*\S|Watchdog caught collective operation timeout.*\S|"
+                   r"Last NCCL warning.*\S)")
+ERROR_WORDS = ("Error", "Exception", "Watchdog caught", "Last NCCL warning")  # one of them is in every ERROR line
 # How far a communicator's set-up got, in the order NCCL and RCCL print it: after their prefix, or opening a line
 # quoted without it; not inside a line that merely quotes the words
-LIBRARY_LINE = r"(?:^|\bNCCL (?:INFO|WARN) .*)"
+LIBRARY_PREFIX = re.compile(r"NCCL (?:INFO|WARN) ")
 STAGES = (("Init START", "init started"), ("Connected all rings", "rings connected"),
           ("Connected all trees", "trees connected"), ("Init COMPLETE", "init complete"),
           ("Abort COMPLETE", "aborted"))
@@ -73,7 +76,7 @@ KNOWN_FAILURES = (
         explains=("plugin_missing_sockets",)),
     KnownFailure(
         "plugin_missing_sockets", "the network plugin is missing: TCP sockets between nodes",
-        (re.compile(r"NET/Plugin ?: (?:No plugin found|Could not find|Plugin load .*returned)"),),
+        (re.compile(r"NET/Plugin ?: (?:No plugin found|Could not find|Plugin load (?:\(\S*\) )?returned)"),),
         "NCCL/RCCL found no network plugin (librccl-net.so / libnccl-net.so, the aws-ofi plugin for Slingshot "
         "or EFA) and no InfiniBand, so it sends between nodes over TCP sockets: far slower, and fragile at scale "
         "(one node alone does not need it: its GPUs talk over P2P or SHM)",
@@ -84,7 +87,7 @@ KNOWN_FAILURES = (
         network="NET/Socket"),
     KnownFailure(
         "plugin_failed_sockets", "the network plugin started, failed, and NCCL fell back to TCP sockets",
-        (re.compile(r"NCCL WARN NET/OFI .*initiali[sz]ation failed"),),
+        (re.compile(r"NCCL WARN NET/OFI (?:\S+ ){0,8}?initiali[sz]ation failed"),),
         "the aws-ofi plugin loaded but found no usable libfabric provider or NIC (the provider filter, a "
         "libfabric too old for it, or devices the container cannot see), so NCCL sends between nodes over TCP",
         "rerun with FI_LOG_LEVEL=warn to read libfabric's reason; let the container see the NICs and the "
@@ -173,7 +176,9 @@ class Diagnosis:
     interfaces: list[str]
     socket_ifname: str | None
     stage: str | None
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the first of them (bounded_reading.KEPT of each kind)
+    more_errors: int = 0  # error lines beyond those kept
+    unread: str = ""  # what was left unread when the time to read the log ran out
 
     @property
     def cause(self) -> KnownFailure | None:
@@ -190,35 +195,26 @@ class Diagnosis:
             f"NCCL_SOCKET_IFNAME={self.socket_ifname}" if self.socket_ifname else "",
             f"interfaces {', '.join(self.interfaces)}" if self.interfaces else "",
             f"set-up reached: {self.stage}" if self.stage else "no set-up stage",
-            (f"{len(self.errors)} error line(s), the first: {self.errors[0][:160]}" if self.errors
-             else "no error line"),
+            (f"{len(self.errors) + self.more_errors} error line(s), the first: {self.errors[0][:160]}"
+             if self.errors else "no error line"),
         ]
         return "; ".join(part for part in parts if part)
+
+    def _unread_words(self) -> str:
+        return (f" Only part of the log was read ({self.unread}): for the rest, give its end "
+                "(`tail -c 100M LOG > end.log`)." if self.unread else "")
 
     def sentence(self) -> str:
         """The known failure and its fix, or 'not recognised' with what was read."""
         if not self.findings:
-            return f"communication log: not recognised (none of the known failures); read: {self.what_was_read()}"
+            return (f"communication log: not recognised (none of the known failures); read: {self.what_was_read()}"
+                    f"{self._unread_words()}")
         first = self.findings[0]
         also = [finding.failure.title for finding in self.findings[1:]]
         then = f" Also seen after it: {'; '.join(also)}." if also else ""
         return (f"communication log: {first.failure.title} (line {first.line_number}; known from "
-                f"{first.failure.source}). It means {first.failure.meaning}. Fix: {first.failure.fix}.{then}")
-
-
-def _first_sign(failure: KnownFailure, lines: list[str], found: transport.Transport) -> int | None:
-    """The index of the first line that marks ``failure``, where its conditions hold over the whole log."""
-    text = "\n".join(lines)
-    if any(pattern.search(text) for pattern in failure.unless):
-        return None
-    if not all(pattern.search(text) for pattern in failure.needs):
-        return None
-    if failure.needs_any and not any(pattern.search(text) for pattern in failure.needs_any):
-        return None
-    if failure.network and (found.used_network() != failure.network or _one_node(found)):
-        return None
-    return next((index for index, line in enumerate(lines) if any(sign.search(line) for sign in failure.signs)),
-                None)
+                f"{first.failure.source}). It means {first.failure.meaning}. Fix: {first.failure.fix}.{then}"
+                f"{self._unread_words()}")
 
 
 def _one_node(found: transport.Transport) -> bool:
@@ -236,33 +232,100 @@ def _ordered(findings: list[Finding]) -> list[Finding]:
     return causes[:1] + [finding for finding in findings if finding not in causes[:1]]
 
 
-def _stage(lines: list[str]) -> str | None:
-    """How far the set-up got, from the library's own lines only (a line that quotes its words says nothing)."""
-    reached = [index for index, (marker, _) in enumerate(STAGES)
-               if any(re.search(LIBRARY_LINE + re.escape(marker), line.strip()) for line in lines)]
-    return STAGES[max(reached)][1] if reached else None
+def _stages(line: str) -> set[int]:
+    """The set-up stages a line shows, from the library's own lines only (a line that quotes its words says
+    nothing): the marker opens the line, or follows NCCL's prefix."""
+    line = line.strip()
+    prefix = LIBRARY_PREFIX.search(line)
+    after = line[prefix.end():] if prefix else ""
+    return {index for index, (marker, _) in enumerate(STAGES) if line.startswith(marker) or marker in after}
+
+
+CONDITIONS = tuple(dict.fromkeys(pattern for failure in KNOWN_FAILURES
+                                 for pattern in (*failure.needs, *failure.needs_any, *failure.unless)))
+
+
+class _Reading:
+    """One pass over a log, keeping what the diagnosis needs: each failure's first sign, which conditions some line
+    met, the versions, interfaces and errors (the first of each), and the stages reached."""
+
+    def __init__(self) -> None:
+        self.number = 0
+        self.transport = transport.Reader()
+        self.first_signs: dict[str, tuple[int, str]] = {}  # failure -> (line number, line)
+        self.met: set[re.Pattern] = set()
+        self.versions: dict[str, None] = {}
+        self.interfaces: dict[str, None] = {}
+        self.ifname: str | None = None
+        self.errors: list[str] = []
+        self.more_errors = 0
+        self.stages: set[int] = set()
+
+    def add(self, line: str) -> None:
+        self.number += 1
+        self.transport.add(line)
+        for failure in KNOWN_FAILURES:
+            if failure.name not in self.first_signs and any(sign.search(line) for sign in failure.signs):
+                self.first_signs[failure.name] = (self.number, line)
+        self.met.update(pattern for pattern in CONDITIONS if pattern not in self.met and pattern.search(line))
+        if (match := VERSION.search(line)) and len(self.versions) < bounded_reading.KEPT:
+            self.versions[f"{match['library']} {match['version']}"] = None
+        if match := INTERFACES.search(line):
+            for interface in INTERFACE.finditer(match["list"]):
+                if len(self.interfaces) < bounded_reading.KEPT:
+                    self.interfaces[interface["name"]] = None
+        if self.ifname is None and (match := IFNAME.search(line)):
+            self.ifname = match["value"]
+        if any(word in line for word in ERROR_WORDS) and (match := ERROR.search(line)) and "NCCL WARN" not in line:
+            if len(self.errors) < bounded_reading.KEPT:
+                self.errors.append(match["text"])
+            else:
+                self.more_errors += 1
+        self.stages |= _stages(line)
+
+    def _holds(self, failure: KnownFailure, found: transport.Transport) -> bool:
+        """Whether the failure's conditions hold over the whole log."""
+        if any(pattern in self.met for pattern in failure.unless):
+            return False
+        if not all(pattern in self.met for pattern in failure.needs):
+            return False
+        if failure.needs_any and not any(pattern in self.met for pattern in failure.needs_any):
+            return False
+        return not (failure.network and (found.used_network() != failure.network or _one_node(found)))
+
+    def diagnosis(self) -> Diagnosis:
+        found = self.transport.transport()
+        findings = [Finding(failure, *self.first_signs[failure.name]) for failure in KNOWN_FAILURES
+                    if failure.name in self.first_signs and self._holds(failure, found)]
+        # the same line can mark two rows (a watchdog timeout): the more specific row, earlier in the table, keeps it
+        kept, seen_lines = [], set()
+        for finding in findings:
+            if finding.line_number not in seen_lines:
+                kept.append(finding)
+                seen_lines.add(finding.line_number)
+        errors = [f"NCCL WARN {warning}" for warning in found.warnings] + self.errors
+        return Diagnosis(_ordered(kept), list(self.versions), found, list(self.interfaces), self.ifname,
+                         STAGES[max(self.stages)][1] if self.stages else None, errors,
+                         more_errors=found.more_warnings + self.more_errors)
 
 
 def diagnose(log: str | Iterable[str]) -> Diagnosis:
-    """Name the known failure in a run's log (all ranks' output together, ``NCCL_DEBUG=INFO`` or ``WARN``)."""
-    lines = log.splitlines() if isinstance(log, str) else [line.rstrip("\n") for line in log]
-    found = transport.read(lines)
-    findings = [Finding(failure, index + 1, lines[index]) for failure in KNOWN_FAILURES
-                if (index := _first_sign(failure, lines, found)) is not None]
-    # the same line can mark two rows (a watchdog timeout): the more specific row, earlier in the table, keeps it
-    kept, seen_lines = [], set()
-    for finding in findings:
-        if finding.line_number not in seen_lines:
-            kept.append(finding)
-            seen_lines.add(finding.line_number)
-    versions = list(dict.fromkeys(f"{match['library']} {match['version']}" for line in lines
-                                  if (match := VERSION.search(line))))
-    interfaces = list(dict.fromkeys(interface["name"] for line in lines if (match := INTERFACES.search(line))
-                                    for interface in INTERFACE.finditer(match["list"])))
-    ifname = next((match["value"] for line in lines if (match := IFNAME.search(line))), None)
-    errors = [f"NCCL WARN {warning}" for warning in found.warnings]
-    errors += [match["text"] for line in lines if (match := ERROR.search(line)) and "NCCL WARN" not in line]
-    return Diagnosis(_ordered(kept), versions, found, interfaces, ifname, _stage(lines), errors)
+    """Name the known failure in a run's log (all ranks' output together, ``NCCL_DEBUG=INFO`` or ``WARN``), read
+    in one pass: each line cut to :data:`bounded_reading.MAX_LINE_CHARS`, only what the diagnosis needs kept."""
+    reading = _Reading()
+    for line in bounded_reading.cut(log.splitlines() if isinstance(log, str) else log):
+        reading.add(line.rstrip("\n"))
+    return reading.diagnosis()
+
+
+def read_log(path: str | Path, seconds: float | None = None) -> Diagnosis:
+    """The diagnosis of a log file, read in a stream from a regular file only (else
+    :class:`bounded_reading.NotReadable` says what it is); given ``seconds``, of what was read within them."""
+    lines = bounded_reading.Lines(path, seconds=seconds)
+    diagnosis = diagnose(lines)
+    if not lines.cut_short:
+        return diagnosis
+    return replace(diagnosis, unread=f"{lines.what_was_read()} within {seconds:g} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,11 +333,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("log", type=Path, help="a run's output (NCCL_DEBUG=INFO or WARN), all ranks together")
     args = parser.parse_args(argv)
     try:
-        text = args.log.read_text(errors="replace")
+        diagnosis = read_log(args.log)
+    except bounded_reading.NotReadable as error:
+        print(f"comm_failures: {error}", file=sys.stderr)
+        return 2
     except OSError as error:
         print(f"comm_failures: cannot read {args.log} ({error.strerror})", file=sys.stderr)
         return 2
-    print(diagnose(text).sentence())
+    print(diagnosis.sentence())
     return 0
 
 

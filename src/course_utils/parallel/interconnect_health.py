@@ -19,10 +19,13 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from course_utils.parallel import bounded_reading
 
 MIB = 2**20
 MB = 1e6  # osu_bw's MB/s are 10**6 bytes per second
@@ -45,8 +48,10 @@ COLLAPSE_FRACTION = 0.5  # the largest message below half the peak: the link gav
 
 _RANK_TAG = re.compile(r"\[\d+(?:,\d+)*\](?:<std(?:out|err)>:)?")  # mpirun's --tag-output, "[0]" or "[1,0]<stdout>:"
 _OSU_TITLE = re.compile(r"#\s*OSU MPI(?:-(?P<device>\w+))? (?P<test>.+?) Test v(?P<version>\S+)")
-_RANK_LINE = re.compile(r"#\s+Rank\s+(?P<rank>\d+)\s.*?\bon\s+(?P<host>\S+)\s+device\s+(?P<device>\d+)\s+\[[^\]]*\]\s+"
-                        r"(?P<name>.+?)\s*$")
+# In linear time on any line: neighbouring quantifiers never match the same characters (a bus id holds no blank),
+# and the device's name runs to the line's last non-blank instead of a lazy group before ``\s*$``.
+_RANK_LINE = re.compile(r"#\s+Rank\s+(?P<rank>\d+)\s.*?\bon\s+(?P<host>\S+)\s+device\s+(?P<device>\d+)\s+"
+                        r"\[[^\]\s]*\]\s+(?P<name>\S(?:.*\S)?)")
 _AVERAGE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(?P<value>[0-9.]+)")
 _VERSION = re.compile(r"^(?P<library>[rn]ccl)-tests: Version (?P<version>\S+)")
 
@@ -99,10 +104,15 @@ def _without_rank_tags(line: str) -> str:
     return _RANK_TAG.sub(" ", line)
 
 
-def parse_osu_bw(text: str) -> OsuBandwidth:
-    """``osu_bw``'s output (OSU micro-benchmarks 5 to 7, MPI, host or device buffers)."""
+def _lines(text: str | Iterable[str]) -> Iterator[str]:
+    """A result's lines, from its text or as :class:`bounded_reading.Lines` reads a file, each cut to a bound."""
+    return bounded_reading.cut(text.splitlines() if isinstance(text, str) else text)
+
+
+def parse_osu_bw(text: str | Iterable[str]) -> OsuBandwidth:
+    """``osu_bw``'s output (OSU micro-benchmarks 5 to 7, MPI, host or device buffers): its text or its lines."""
     rows, device, version = [], None, None
-    for raw in text.splitlines():
+    for raw in _lines(text):
         line = _without_rank_tags(raw).strip()
         title = _OSU_TITLE.match(line)
         if title:
@@ -132,11 +142,12 @@ def _columns(header: str) -> list[str]:
     return names
 
 
-def parse_collective_table(text: str) -> CollectiveTable:
+def parse_collective_table(text: str | Iterable[str]) -> CollectiveTable:
     """The table of rccl-tests or nccl-tests (any release: with or without the ``root`` column, ``#wrong`` or the
-    older ``error``), and what it says of its ranks; mpirun's rank tags (``[0]``) are skipped."""
+    older ``error``), and what it says of its ranks, from its text or its lines; mpirun's rank tags (``[0]``) are
+    skipped."""
     columns, rows, devices, hosts, average, library = None, [], [], [], None, None
-    for raw in text.splitlines():
+    for raw in _lines(text):
         line = _without_rank_tags(raw).rstrip()
         stripped = line.strip()
         if re.match(r"#\s+size\s+count\s", stripped):
@@ -233,36 +244,71 @@ def judge_collective(result: CollectiveTable, name: str = "all_reduce_perf",
     return verdicts
 
 
-def _pair(path: Path) -> tuple[int, int]:
-    first, second = path.stem.split("_")[-2:]
-    return int(first), int(second)
+RESULT_NAMES = ("osu_bw_node_A_B.txt (osu_bw between GCDs A and B of one node), osu_bw_nodes_A_B.txt (between "
+                "two nodes) and NAME_perf.txt (rccl-tests or nccl-tests, such as all_reduce_perf.txt)")
+_OSU_NAME = re.compile(r"osu_bw_(?P<where>nodes?)_(?P<first>\d+)_(?P<second>\d+)\.txt")
+_COLLECTIVE_NAME = re.compile(r".+_perf\.txt")
+_RESULT_FIX = "give the folder of the text files the benchmarks printed (jobs/lumi/interconnect_health.sbatch)"
 
 
-def _judged(path: Path, judge_file) -> list[Verdict]:
-    """A result file's verdicts; a file with no result (the benchmark failed or printed nothing) is broken."""
-    text = path.read_text()
+class _LastLine:
+    """A result's lines as they are read, remembering the last one that is not blank."""
+
+    def __init__(self, lines: Iterable[str]) -> None:
+        self.lines, self.last = lines, ""
+
+    def __iter__(self) -> Iterator[str]:
+        for line in self.lines:
+            self.last = line.strip() or self.last
+            yield line
+
+
+def _judged(path: Path, judge_file: Callable[[Iterable[str]], list[Verdict]]) -> list[Verdict]:
+    """A result file's verdicts, read in a stream from a regular text file; one that is something else, or holds
+    no result (the benchmark failed or printed nothing), is broken."""
     try:
-        return judge_file(text)
+        lines = _LastLine(bounded_reading.Lines(path, what="result file", fix=_RESULT_FIX))
+    except bounded_reading.NotReadable as error:
+        return [Verdict(path.stem, "broken", None, None, str(error))]
+    try:
+        return judge_file(lines)
     except ValueError:
-        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "nothing")
-        return [Verdict(path.stem, "broken", None, None, f"{path.name}: no result; its last line: {last}")]
+        return [Verdict(path.stem, "broken", None, None,
+                        f"{path.name}: no result; its last line: {lines.last[:200] or 'nothing'}")]
+
+
+def _judge(path: Path, minimum_busbw_gb_s: float | None) -> list[Verdict]:
+    """The verdicts of one result, which its name says how to read; a name the check does not know is said."""
+    if osu := _OSU_NAME.fullmatch(path.name):
+        pair = int(osu["first"]), int(osu["second"])
+        return _judged(path, lambda lines: judge_osu_pair(parse_osu_bw(lines), *pair,
+                                                          between_nodes=osu["where"] == "nodes"))
+    if _COLLECTIVE_NAME.fullmatch(path.name):
+        return _judged(path, lambda lines: judge_collective(parse_collective_table(lines), path.stem,
+                                                            minimum_busbw_gb_s))
+    return [Verdict(path.stem, "not judged", None, None,
+                    f"{path.name}: not read, a name the health check does not know: it reads {RESULT_NAMES}; "
+                    "rename the file to the one it holds")]
+
+
+def _order(path: Path) -> tuple[int, str]:
+    """Pairs inside a node, then between nodes, then the collectives, then the rest."""
+    osu = _OSU_NAME.fullmatch(path.name)
+    group = (0 if osu["where"] == "node" else 1) if osu else 2 if _COLLECTIVE_NAME.fullmatch(path.name) else 3
+    return group, path.name
 
 
 def read_folder(folder: str | Path, minimum_busbw_gb_s: float | None = None) -> pd.DataFrame:
     """Every result the job wrote in ``folder``, judged: one row per verdict."""
     folder = Path(folder)
-    verdicts = []
-    for path in sorted(folder.glob("osu_bw_node_*.txt")):
-        verdicts += _judged(path, lambda text, path=path: judge_osu_pair(parse_osu_bw(text), *_pair(path)))
-    for path in sorted(folder.glob("osu_bw_nodes_*.txt")):
-        verdicts += _judged(path, lambda text, path=path: judge_osu_pair(parse_osu_bw(text), *_pair(path),
-                                                                         between_nodes=True))
-    for path in sorted(folder.glob("*_perf.txt")):
-        verdicts += _judged(path, lambda text, path=path: judge_collective(parse_collective_table(text), path.stem,
-                                                                           minimum_busbw_gb_s))
-    if not verdicts:
-        raise FileNotFoundError(f"no osu_bw_*.txt or *_perf.txt in {folder}: is it the folder "
-                                "jobs/lumi/interconnect_health.sbatch wrote (runs/slurm/interconnect-<job id>)?")
+    paths = sorted((path for path in folder.glob("*") if not path.name.startswith(".")), key=_order)
+    if not any(_order(path)[0] < 3 for path in paths):
+        found = f" (it holds {', '.join(path.name for path in paths[:5])})" if paths else ""
+        raise FileNotFoundError(f"no result file in {folder}{found}: the health check reads {RESULT_NAMES}; is it "
+                                "the folder jobs/lumi/interconnect_health.sbatch wrote (runs/slurm/interconnect-<job "
+                                "id>)?")
+    verdicts = [verdict for path in paths if _order(path)[0] < 3 or not path.is_dir()
+                for verdict in _judge(path, minimum_busbw_gb_s)]
     return pd.DataFrame([vars(verdict) for verdict in verdicts])
 
 

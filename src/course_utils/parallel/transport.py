@@ -34,16 +34,20 @@ from pathlib import Path
 
 import pandas as pd
 
+from course_utils.parallel import bounded_reading
+
+# Every pattern reads a line in linear time: none ends in a lazy group before ``\s*$`` (which tries the rest of the
+# line again at each character); a line's trailing blanks are stripped before CHANNEL reads it.
 CHANNEL = re.compile(r"NCCL INFO Channel (?P<channel>\d+)(?:/\d+)? : (?P<source>\d+)\[[0-9a-fx]+\] -> "
                      r"(?P<target>\d+)\[[0-9a-fx]+\](?: \[(?P<direction>send|receive)\])? via (?P<path>.+?)"
-                     r"(?: comm 0x[0-9a-f]+ nRanks \d+)?\s*$")  # RCCL names the communicator after the path
-NETWORK = re.compile(r"NCCL INFO Using network (?P<name>.+?)\s*$")
+                     r"(?: comm 0x[0-9a-f]+ nRanks \d+)?$")  # RCCL names the communicator after the path
+NETWORK = re.compile(r"NCCL INFO Using network (?P<name>.*\S)")
 # aws-ofi-nccl/-rccl: "Selected Provider is cxi (found 4 nics)" up to 1.13, then
 # "Selected provider is cxi, fabric is cxi (found 4 nics)"
 PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (?P<name>[^,\s]+)(?:, fabric is (?P<fabric>[^\s(]+))?"
                       r"(?: \(found (?P<nics>\d+) nics\))?")
 PLUGIN = re.compile(r"NET/OFI (?:Using|Initializing) (?P<name>aws-ofi-[a-z]+ *[0-9][0-9.]*\S*)")
-WARNING = re.compile(r"NCCL WARN (?P<text>.+?)\s*$")
+WARNING = re.compile(r"NCCL WARN (?P<text>.*\S)")
 LIBFABRIC = ("AWS Libfabric", "OFI", "Libfabric")
 
 MEANINGS = {
@@ -89,9 +93,10 @@ class Transport:
     network: str | None
     plugin: str | None
     provider: str | None
-    warnings: list[str]
+    warnings: list[str]  # the first of NCCL's warnings (bounded_reading.KEPT)
     fabric: str | None = None
     nics: int | None = None
+    more_warnings: int = 0  # beyond those kept in ``warnings``
 
     def table(self) -> pd.DataFrame:
         """One row per kind of connection: how many, with GPU-direct RDMA how many, and what it means."""
@@ -165,29 +170,52 @@ class Transport:
                 f"nor any connection (NCCL_DEBUG_SUBSYS without INIT and NET?){warning}")
 
 
-def read(lines: Iterable[str]) -> Transport:
-    """The transport of a run from its ranks' output lines (all ranks' logs together, in any order)."""
-    rows, network, plugin, warnings = [], None, None, []
-    provider: re.Match | None = None
-    for line in lines:
+class Reader:
+    """Reads a run's output one line at a time, keeping what :class:`Transport` needs: each connection once, the
+    first network, plugin and provider named, the first of NCCL's warnings (and how many more there were)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple, None] = {}  # the connections, each once, in the order first seen
+        self.network: str | None = None
+        self.plugin: str | None = None
+        self.provider: re.Match | None = None
+        self.warnings: list[str] = []
+        self.more_warnings = 0
+
+    def add(self, line: str) -> None:
+        line = line.rstrip()
         if match := CHANNEL.search(line):
             path = match["path"]
-            rows.append({"channel": int(match["channel"]), "source": int(match["source"]),
-                         "target": int(match["target"]), "direction": match["direction"], "path": path,
-                         "kind": kind(path), "gpu_direct": gpu_direct(path)})
+            self.rows[(int(match["channel"]), int(match["source"]), int(match["target"]), match["direction"], path,
+                       kind(path), gpu_direct(path))] = None
         elif match := NETWORK.search(line):
-            network = network or match["name"]
+            self.network = self.network or match["name"]
         elif match := PROVIDER.search(line):
-            provider = provider or match
+            self.provider = self.provider or match
         elif match := PLUGIN.search(line):
-            plugin = plugin or match["name"]
+            self.plugin = self.plugin or match["name"]
         elif match := WARNING.search(line):
-            warnings.append(match["text"])
-    connections = pd.DataFrame(rows, columns=["channel", "source", "target", "direction", "path", "kind",
-                                              "gpu_direct"]).drop_duplicates()
-    return Transport(connections, network, plugin, provider and provider["name"], warnings,
-                     fabric=provider and provider["fabric"],
-                     nics=int(provider["nics"]) if provider and provider["nics"] else None)
+            if len(self.warnings) < bounded_reading.KEPT:
+                self.warnings.append(match["text"])
+            else:
+                self.more_warnings += 1
+
+    def transport(self) -> Transport:
+        provider = self.provider
+        connections = pd.DataFrame(list(self.rows), columns=["channel", "source", "target", "direction", "path",
+                                                             "kind", "gpu_direct"])
+        return Transport(connections, self.network, self.plugin, provider and provider["name"], self.warnings,
+                         fabric=provider and provider["fabric"],
+                         nics=int(provider["nics"]) if provider and provider["nics"] else None,
+                         more_warnings=self.more_warnings)
+
+
+def read(lines: Iterable[str]) -> Transport:
+    """The transport of a run from its ranks' output lines (all ranks' logs together, in any order)."""
+    reader = Reader()
+    for line in bounded_reading.cut(lines):
+        reader.add(line)
+    return reader.transport()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("log", type=Path, help="a run's output with NCCL_DEBUG=INFO")
     args = parser.parse_args(argv)
     try:
-        transport = read(args.log.read_text(errors="replace").splitlines())
+        transport = read(bounded_reading.Lines(args.log))
+    except bounded_reading.NotReadable as error:
+        print(f"transport: {error}", file=sys.stderr)
+        return 2
     except OSError as error:
         print(f"transport: cannot read {args.log} ({error.strerror})", file=sys.stderr)
         return 2

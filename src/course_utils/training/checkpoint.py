@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from course_utils.atomic_files import write_atomic
+from course_utils.parallel import bounded_reading
 from course_utils.run_folder import LAST_CHECKPOINT
 from course_utils.shared_folders import PlantedLink, make_folder
 from course_utils.training import shard_files
@@ -64,6 +65,9 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def _read(path: Path, must_hold: str) -> dict[str, Any]:
+    if (kind := bounded_reading.kind(path)) is not None:  # a FIFO would hold the run waiting for a writer for ever
+        raise DamagedCheckpoint(f"{path} is {kind}, not a checkpoint file: give --resume a checkpoint file (such "
+                                f"as OUT/checkpoints/{LAST_CHECKPOINT}), a sharded checkpoint's folder, or auto")
     damaged = (f"{path} is damaged: {path.stat().st_size} bytes that are not a whole PyTorch checkpoint (truncated, "
                "overwritten, or not a checkpoint at all)")
     if not zipfile.is_zipfile(path):  # what torch.save writes; anything else is not unpickled at all
