@@ -74,6 +74,7 @@ def test_the_drill_fires_once_whatever_starts_the_run_again(tiny_root, tmp_path)
     again = _drill(tiny_root, out, resume="auto")
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming from" in again.stdout + again.stderr
+    assert "the crash drill does not fire again" in again.stdout + again.stderr
     assert _drill(tiny_root, out, overwrite=True).returncode == -signal.SIGKILL  # a new run, not another attempt
 
 

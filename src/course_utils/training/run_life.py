@@ -17,7 +17,7 @@ from typing import NoReturn
 from course_utils.observe.metrics import read_records
 from course_utils.parallel.collectives import any_rank, from_rank_zero
 from course_utils.run_folder import RunFolder
-from course_utils.training import checkpoint, preemption
+from course_utils.training import checkpoint, fault_drill, preemption
 from course_utils.training.folder_hold import held_by_rank_zero
 from course_utils.training.preemption import Preempted, StopSignals
 from course_utils.training.resume import Position, RunState
@@ -88,6 +88,9 @@ class RunLife:
             self._replace_earlier_run(say)
         if not self.cfg.resume:  # a new run, not another attempt at this one: the crash drill fires again
             folder.crash_drill_done.unlink(missing_ok=True)
+        if self.cfg.crash_at_step is not None and not fault_drill.first_attempt(folder):
+            say(f"the crash drill does not fire again: this is a restart, or an earlier attempt of this run already "
+                f"crashed ({folder.crash_drill_done.name}); a new run (another --out, or --overwrite) drills again")
         checkpoint.remove_partial(folder.checkpoints)
         folder.summary.unlink(missing_ok=True)  # a folder with checkpoints and no summary holds an unfinished run
         for reason in state.skipped:
