@@ -58,6 +58,14 @@ def test_a_mode_that_sets_what_the_comparison_sets_is_refused_by_name_before_any
     assert not list(tmp_path.iterdir())
 
 
+def test_steps_given_twice_to_the_comparison_are_refused_before_any_run(tmp_path):
+    """max_steps= among the common options was the number every mode trained while steps= judged the DDP run's
+    reuse: two numbers for one thing."""
+    with pytest.raises(ValueError, match="steps=3 and max_steps=5 both set the steps every mode trains"):
+        compare_modes([ONE_DEVICE], steps=3, max_steps=5, out=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_mode_that_is_no_way_of_running_is_refused_before_any_run(tmp_path):
     with pytest.raises(ValueError, match="mode 'FSDP': distributed='fsdp'; a mode runs as one of none, dp, ddp"):
         compare_modes([ONE_DEVICE, Variant("FSDP", distributed="fsdp")], out=tmp_path)

@@ -74,6 +74,11 @@ def compare_modes(modes: Sequence[Variant] = (ONE_DEVICE, DATA_PARALLEL, DDP), s
     """
     size = config.get_size(options.get("size"))
     batch = options.pop("batch_size", None) or size.batch_size
+    if "max_steps" in options:  # the command's name for steps: one number for every mode and the DDP run's reuse
+        if steps is not None:
+            raise ValueError(f"steps={steps} and max_steps={options['max_steps']} both set the steps every mode "
+                             "trains: give one of them")
+        steps = options.pop("max_steps")
     steps = steps or measured_steps(size.name)
     out = Path(out or config.runs_dir() / "parallel-modes")
     gpus = gpu_count()
