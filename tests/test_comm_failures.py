@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from course_utils import doctor
 from course_utils.parallel import comm_failures
 
 NCCL = Path(__file__).parent / "fixtures" / "nccl"  # failures/ and field/: sources in fixtures/README.md
@@ -71,6 +72,44 @@ def test_lumis_rocm7_image_hanging_after_the_rings_is_named_with_its_workaround(
     assert "unset NCCL_NET_GDR_LEVEL" in diagnosis.sentence()
     assert "lumi-ai-factory/laifs-container-recipes#28" in diagnosis.sentence()
     assert diagnosis.transport.provider == "cxi" and diagnosis.stage == "rings connected"
+
+
+def test_a_later_set_up_left_hanging_on_lumi_is_only_consistent_with_the_new_group_hang():
+    # laifs-container-recipes#44 quotes its reproducer, not its output: its hang is read from real lines in the order
+    # the report describes, LUMI's network lines (#28), a set-up that completed (mx-llama.cpp#7), then the rings of
+    # a set-up that never completed (ROCm/rccl#1026)
+    network, completed = _lines("laifs28_rocm7_image_ofi.log"), _lines("rccl_init_complete_p2p.log")
+    rings = [line for line in _lines("rccl_slingshot_no_plugin_socket.log") if "Connected all rings" in line]
+    diagnosis = comm_failures.diagnose(network + completed + rings)
+    assert _names(diagnosis) == ["new_group_setup_hangs"]
+    assert diagnosis.findings[0].line_number == len(network) + len(completed) + 1
+    sentence = diagnosis.sentence()
+    assert sentence.startswith("communication log: consistent with a known report, not certain: ")
+    assert "it is this report if the job ran LUMI AI Factory's image of 2026-08-07" in sentence
+    assert "Fix: export FI_MR_CACHE_MONITOR=userfaultfd" in sentence
+    assert "is consistent with a known report (not certain)" in " ".join(doctor.advise([], [], diagnosis))
+    # no set-up left hanging, or not LUMI's network, or an error, or RCCL of another ROCm than the image's: not it
+    banner = [line for line in _lines("rccl_no_plugin_socket_one_node.log") if "ROCm version" in line]
+    watchdog = _lines("torch_watchdog_timeout.log")
+    for log in (network + completed, completed + rings, network + banner + completed + rings,
+                network + completed + rings + watchdog):
+        assert "new_group_setup_hangs" not in _names(comm_failures.diagnose(log))
+
+
+def test_an_rccl_collective_timeout_is_only_consistent_with_the_rocm64_ddp_hang():
+    # laifs-container-recipes#20 quotes no output: a real watchdog timeout (vllm#6042) read with real RCCL lines
+    # (Frontier's channels)
+    rccl, watchdog = _lines("rccl_frontier_ofi.log"), _lines("torch_watchdog_timeout.log")
+    diagnosis = comm_failures.diagnose(rccl + watchdog)
+    assert _names(diagnosis) == ["rccl_ddp_hang_rocm64"]
+    sentence = diagnosis.sentence()
+    assert sentence.startswith("communication log: consistent with a known report, not certain: ")
+    assert "lumi-multitorch-*-u24r64f21m43t29-*" in sentence and "Fix: try export CUDA_LAUNCH_BLOCKING=1" in sentence
+    # RCCL that names another ROCm than 6.4, or a rank that ran out of memory first: the general timeout
+    banner = [line for line in _lines("rccl_no_plugin_socket_one_node.log") if "ROCm version" in line]
+    assert _names(comm_failures.diagnose(banner + rccl + watchdog)) == ["collective_timeout"]
+    oom = comm_failures.diagnose(rccl + _lines("torch_oom_then_timeouts.log"))
+    assert _names(oom) == ["out_of_memory", "collective_timeout"]
 
 
 def test_a_cut_nvidia_log_that_ends_after_its_rings_is_not_called_a_hang():

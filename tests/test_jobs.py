@@ -208,6 +208,32 @@ def test_a_task_on_another_node_makes_miopen_s_folder_private_or_refuses_one_it_
     assert refused.returncode == 1 and f"{foreign} belongs to user {pwd.getpwnam('nobody').pw_uid}" in refused.stderr
 
 
+def test_the_container_gets_the_ai_guides_registration_cache_monitor_and_keeps_one_chosen_before(tmp_path):
+    """LUMI's AI guide sets FI_MR_CACHE_MONITOR=userfaultfd against hangs in LUMI AI Factory's containers; the
+    job scripts and the Jupyter app's `python` enter the container through course_python.sh."""
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    (bin_folder / "singularity").write_text('#!/bin/sh\nshift 2  # run IMAGE: the command runs as in the image\n'
+                                            'exec "$@"\n')
+    (bin_folder / "singularity").chmod(0o755)
+    (tmp_path / "venv").mkdir()
+
+    def environment(**extra: str) -> dict[str, str]:
+        script = checkout_root() / "jobs" / "lumi" / "course_python.sh"
+        printed = subprocess.run([str(script), "--exec", "env", "-0"],
+                                 env={"PATH": f"{bin_folder}:{os.environ['PATH']}",
+                                      "COURSE_VENV": str(tmp_path / "venv"), **extra},
+                                 capture_output=True, text=True, check=True).stdout
+        return dict(entry.split("=", 1) for entry in printed.split("\0") if "=" in entry)
+
+    in_container = environment(COURSE_CONTAINER="image.sif")
+    assert in_container["FI_MR_CACHE_MONITOR"] == "userfaultfd"
+    assert "CUDA_LAUNCH_BLOCKING" not in in_container  # the workaround of laifs #20 slows every kernel: not a default
+    assert environment(COURSE_CONTAINER="image.sif", FI_MR_CACHE_MONITOR="kdreg2")["FI_MR_CACHE_MONITOR"] == "kdreg2"
+    assert "FI_MR_CACHE_MONITOR" not in environment()  # PyTorch's ROCm wheels: no LUMI AI Factory container
+    assert "`FI_MR_CACHE_MONITOR=userfaultfd`" in (checkout_root() / "jobs" / "lumi" / "SETTINGS.md").read_text()
+
+
 def test_the_jupyter_app_s_python_comes_from_a_folder_no_other_user_can_write(tmp_path):
     """Another user of the node makes the folder the Jupyter app's init used to put first on PATH (its name was
     the user's and the job's), with a `python` of theirs in it."""

@@ -31,6 +31,9 @@ else
 fi
 if [[ -n "${COURSE_CONTAINER:-}" ]]; then
   export SINGULARITY_BIND=${SINGULARITY_BIND:-/pfs,/scratch,/projappl,/project,/flash,/appl}
+  # libfabric's memory-registration cache watched by userfaultfd, as LUMI's AI guide sets it against hangs in LUMI AI
+  # Factory's containers (jobs/lumi/SETTINGS.md); a monitor chosen before (kdreg2) is kept.
+  export FI_MR_CACHE_MONITOR=${FI_MR_CACHE_MONITOR:-userfaultfd}
   exec singularity run "$COURSE_CONTAINER" \
     bash -c 'export VIRTUAL_ENV="$0" PATH="$0/bin:$PATH" && exec "$@"' "$venv" "$@"
 fi

@@ -251,7 +251,9 @@ def advise(ranks: list[RankLook], spinning: list[int], diagnosis: comm_failures.
     waiting = [look for look in ranks if look.collective]
     absent = [look for look in ranks if not look.collective]
     if diagnosis is not None and diagnosis.cause is not None:
-        advice.append(f"the log names a known failure: {diagnosis.cause.title}; its fix is above")
+        named = ("is consistent with a known report (not certain)" if diagnosis.cause.condition
+                 else "names a known failure")
+        advice.append(f"the log {named}: {diagnosis.cause.title}; its fix is above")
     if waiting and absent:
         advice += _absent_advice(absent, waiting[0].collective)
     elif waiting and len({(look.collective, look.script_line) for look in waiting}) > 1:

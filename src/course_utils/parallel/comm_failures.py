@@ -6,7 +6,9 @@ it means, the fix (environment variables, module loads, container flags) and the
 log often shows several: a missing network plugin, then sockets, then a hang. The cause is the finding that shows
 first in the log, unless another finding explains it (PyTorch's bundled RCCL is why the image's plugin was not
 found); the rest are reported as consequences. What the library chose (its network, plugin and connections) is
-read by :mod:`course_utils.parallel.transport`, not again here.
+read by :mod:`course_utils.parallel.transport`, not again here. A hang that leaves no error line can only be
+consistent with a known report: its row names what the log cannot show (the image it was reported on), and the
+sentence says so rather than claiming it.
 
     python -m course_utils.parallel.comm_failures LOGFILE   # one sentence: the failure and its fix
 """
@@ -28,6 +30,9 @@ RINGS = re.compile(r"NCCL INFO Connected all rings")
 TREES = re.compile(r"NCCL INFO Connected all trees")
 WATCHDOG_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(")
 BOGUS_OOM = re.compile(r"out of memory\. Tried to allocate more than 1EB memory")
+OUT_OF_MEMORY = re.compile(r"(?:CUDA|HIP) out of memory\. Tried to allocate \d")
+KILLED = (re.compile(r"exitcode\s*:\s*-9\b"), re.compile(r"Signal 9 \(SIGKILL\) received by PID"))
+CXI = re.compile(r"NET/OFI Selected [Pp]rovider is cxi\b")  # libfabric on Slingshot: LUMI's network
 # RCCL's banner (``RCCL version : 2.21.5-HEAD:...`` or ``RCCL version 2.16.5+hip5.6``), NCCL's
 # (``NCCL version 2.10.3+cuda11.3``) and PyTorch's (``NCCL version: 2.20.5``)
 VERSION = re.compile(r"(?P<library>[NR]CCL) version(?:\s*:)?\s*(?P<version>\d+\.\d+\.\d+\S*)")
@@ -38,6 +43,14 @@ IFNAME = re.compile(r"NCCL_SOCKET_IFNAME set by environment to (?P<value>\S+)")
 ERROR = re.compile(r"(?P<text>\b\w*(?:Error|Exception)\b:.*\S|Watchdog caught collective operation timeout.*\S|"
                    r"Last NCCL warning.*\S)")
 ERROR_WORDS = ("Error", "Exception", "Watchdog caught", "Last NCCL warning")  # one of them is in every ERROR line
+
+
+def _rocm_other_than(version: str) -> re.Pattern:
+    """RCCL's banner naming a ROCm release other than ``version`` (``ROCm version : 6.3.3.0-74-cbc70b5``): a log
+    that shows one cannot be a report made on an image of ``version``."""
+    return re.compile(rf"ROCm version\s*:\s*(?!{re.escape(version)}\.)\d")
+
+
 # How far a communicator's set-up got, in the order NCCL and RCCL print it: after their prefix, or opening a line
 # quoted without it; not inside a line that merely quotes the words
 LIBRARY_PREFIX = re.compile(r"NCCL (?:INFO|WARN) ")
@@ -61,6 +74,11 @@ class KnownFailure:
     unless: tuple[re.Pattern, ...] = ()  # a line matching one of these rules it out
     network: str | None = None  # the network the library must have used (transport's kind), where it matters
     explains: tuple[str, ...] = ()  # other failures that follow from this one
+    # where the log cannot tell it from another failure: what must also hold for it to be this report (the sentence
+    # then says the log is consistent with it, not that it is it)
+    condition: str = ""
+    # shown by a communicator's set-up begun after another's completed and never completed itself (signs unused)
+    after_an_init: bool = False
 
 
 KNOWN_FAILURES = (
@@ -127,7 +145,7 @@ KNOWN_FAILURES = (
         needs=(BOGUS_OOM,)),
     KnownFailure(
         "out_of_memory", "a rank ran out of GPU memory; the others then timed out waiting for it",
-        (re.compile(r"(?:CUDA|HIP) out of memory\. Tried to allocate \d"),),
+        (OUT_OF_MEMORY,),
         "one rank could not allocate its tensors and died; the collectives of the other ranks wait for it "
         "until the process group's timeout, so their timeouts are a consequence",
         "fit the step in memory: a smaller batch per rank, activation checkpointing or sharding (notebook 09's "
@@ -135,7 +153,7 @@ KNOWN_FAILURES = (
         "modelscope/FunASR#2006"),
     KnownFailure(
         "rank_killed", "a rank was killed from outside (SIGKILL); the other ranks' errors follow from it",
-        (re.compile(r"exitcode\s*:\s*-9\b"), re.compile(r"Signal 9 \(SIGKILL\) received by PID")),
+        KILLED,
         "nothing inside the rank failed: something killed it, most often the kernel's out-of-memory killer (host "
         "memory: many DataLoader workers, a data set copied into every rank), else the scheduler (a memory or time "
         "limit) or a person; torchrun then ended the other ranks, and their errors ('Connection closed by peer', "
@@ -145,6 +163,35 @@ KNOWN_FAILURES = (
         "--workers, no per-rank copy of the data) or ask for more (--mem); with torchrun's --max-restarts and "
         "--resume auto the job goes on from its last checkpoint (notebook 12, section 5)",
         "lzhxmu/CPPO#6, hpcaitech/ColossalAI#3514"),
+    KnownFailure(
+        "new_group_setup_hangs", "a later communicator's set-up never completed, with no error",
+        (),
+        "the ranks completed one communicator's set-up, then began another's (a new process group's first "
+        "collective: tensor, pipeline or expert parallelism) and the log ends before it completed, with no error "
+        "and no timeout: so ends the report's hang, a new group's first all_reduce that blocked on every rank in 13 "
+        "of 17 tries on 4 nodes (32 ranks) while a job with one group passed every time",
+        "export FI_MR_CACHE_MONITOR=userfaultfd (LUMI's AI guide sets it against hangs in LUMI AI Factory's "
+        "containers; the course's LUMI scripts set it with the container, jobs/lumi/course_python.sh) and rerun; "
+        "if it still hangs, add the log to the report",
+        "lumi-ai-factory/laifs-container-recipes#44, Lumi-supercomputer/LUMI-AI-Guide#118",
+        needs=(CXI,), needs_any=(RCCL,), unless=(ERROR, _rocm_other_than("7.0")),
+        condition="the job ran LUMI AI Factory's image of 2026-08-07 (lumi-multitorch-*-u24r70f21m50t210-"
+                  "20260807_115122, ROCm 7.0), where it was reported, without FI_MR_CACHE_MONITOR set",
+        after_an_init=True),
+    KnownFailure(
+        "rccl_ddp_hang_rocm64", "an RCCL collective never finished, as in a DDP hang of LUMI's ROCm 6.4 images",
+        (WATCHDOG_TIMEOUT,),
+        "a collective over RCCL waited past the process group's timeout with no error of its own; in the report, "
+        "RCCL communications sometimes hang in PyTorch DDP runs: one rank falls behind, and the others wait to "
+        "receive what it has not yet sent",
+        "try export CUDA_LAUNCH_BLOCKING=1, the image maintainers' workaround (it often avoids the hang, but every "
+        "kernel launch then waits for the kernel: too slow for a job that launches many small kernels), or a "
+        "ROCm 7 image, where they expected the fix; if it still hangs, find where each rank stands (py-spy dump, "
+        "Flight Recorder with TORCH_NCCL_TRACE_BUFFER_SIZE)",
+        "lumi-ai-factory/laifs-container-recipes#20",
+        needs_any=(RCCL,), unless=(BOGUS_OOM, OUT_OF_MEMORY, *KILLED, _rocm_other_than("6.4")),
+        condition="the job ran one of LUMI AI Factory's ROCm 6.4 images of 2026-01-24 to 2026-03-19 "
+                  "(lumi-multitorch-*-u24r64f21m43t29-*) with the workaround of #18"),
     KnownFailure(
         "collective_timeout", "a collective did not finish within the process group's timeout",
         (WATCHDOG_TIMEOUT,),
@@ -205,16 +252,20 @@ class Diagnosis:
                 "(`tail -c 100M LOG > end.log`)." if self.unread else "")
 
     def sentence(self) -> str:
-        """The known failure and its fix, or 'not recognised' with what was read."""
+        """The known failure and its fix (or the known report the log is consistent with, and what would make it
+        that report), or 'not recognised' with what was read."""
         if not self.findings:
             return (f"communication log: not recognised (none of the known failures); read: {self.what_was_read()}"
                     f"{self._unread_words()}")
         first = self.findings[0]
+        failure = first.failure
         also = [finding.failure.title for finding in self.findings[1:]]
         then = f" Also seen after it: {'; '.join(also)}." if also else ""
-        return (f"communication log: {first.failure.title} (line {first.line_number}; known from "
-                f"{first.failure.source}). It means {first.failure.meaning}. Fix: {first.failure.fix}.{then}"
-                f"{self._unread_words()}")
+        known = f"{failure.title} (line {first.line_number}; known from {failure.source}). It means {failure.meaning}."
+        if failure.condition:
+            known = (f"consistent with a known report, not certain: {known} The log alone cannot tell it from another "
+                     f"hang: it is this report if {failure.condition}.")
+        return f"communication log: {known} Fix: {failure.fix}.{then}{self._unread_words()}"
 
 
 def _one_node(found: transport.Transport) -> bool:
@@ -260,6 +311,8 @@ class _Reading:
         self.errors: list[str] = []
         self.more_errors = 0
         self.stages: set[int] = set()
+        self.init_completed = False  # some communicator's set-up completed
+        self.unfinished: tuple[int, str] | None = None  # the first set-up line since the last set-up ended
 
     def add(self, line: str) -> None:
         self.number += 1
@@ -281,7 +334,25 @@ class _Reading:
                 self.errors.append(match["text"])
             else:
                 self.more_errors += 1
-        self.stages |= _stages(line)
+        stages = _stages(line)
+        self.stages |= stages
+        self._follow_setup(stages, line)
+
+    def _follow_setup(self, stages: set[int], line: str) -> None:
+        """Keep the first set-up line after the last set-up that ended: one that never ends is a set-up left
+        hanging (a log of ranks together interleaves their lines, but any rank's end comes after its start)."""
+        ended = {STAGES[index][0] for index in stages} & {"Init COMPLETE", "Abort COMPLETE"}
+        if ended:
+            self.init_completed |= "Init COMPLETE" in ended
+            self.unfinished = None
+        elif stages and self.unfinished is None:
+            self.unfinished = (self.number, line)
+
+    def _first_sign(self, failure: KnownFailure) -> tuple[int, str] | None:
+        """Where the failure first shows: its first sign, or the set-up left hanging after an init completed."""
+        if failure.after_an_init:
+            return self.unfinished if self.init_completed else None
+        return self.first_signs.get(failure.name)
 
     def _holds(self, failure: KnownFailure, found: transport.Transport) -> bool:
         """Whether the failure's conditions hold over the whole log."""
@@ -295,8 +366,8 @@ class _Reading:
 
     def diagnosis(self) -> Diagnosis:
         found = self.transport.transport()
-        findings = [Finding(failure, *self.first_signs[failure.name]) for failure in KNOWN_FAILURES
-                    if failure.name in self.first_signs and self._holds(failure, found)]
+        findings = [Finding(failure, *sign) for failure in KNOWN_FAILURES
+                    if (sign := self._first_sign(failure)) and self._holds(failure, found)]
         # the same line can mark two rows (a watchdog timeout): the more specific row, earlier in the table, keeps it
         kept, seen_lines = [], set()
         for finding in findings:
