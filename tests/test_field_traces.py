@@ -77,7 +77,7 @@ def test_dataparallel_phases_count_the_device_copies_each_step_launched():
 @pytest.mark.parametrize("names", [("hta_16ranks_rank0_cut.json.gz",), ("hta_ddp_2ranks_rank0.json.gz",),
                                    ("hta_128ranks_rank0.json.gz", "hta_128ranks_rank1.json.gz")])
 def test_the_hidden_share_of_communication_agrees_with_holistic_trace_analysis(names, tmp_path):
-    pytest.importorskip("hta", reason="HolisticTraceAnalysis is in the test extra: pip install -e '.[test]'")
+    pytest.importorskip("hta", reason="HolisticTraceAnalysis is the test extra's traceinsight: pip install -e .[test]")
     for name in names:
         (tmp_path / name).write_bytes((FIXTURES / name).read_bytes())
     by_hta = communication.overlap_by_hta(tmp_path).set_index("rank")["overlap_percent"]

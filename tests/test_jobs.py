@@ -50,6 +50,57 @@ def test_job_script(script):
         assert set(flags) <= known, f"unknown flags for {module}: {set(flags) - known}"
 
 
+# ROCm's profilers that reach end of support by the end of 2026 Q2 (ROCProfiler's documentation): rocprofv3 replaces
+# them. A script may name them in its comments, never run them.
+PAST_SUPPORT = {"rocprof", "rocprofv2", "rocsys", "roctracer"}
+
+
+def _commands_run(script: Path) -> set[str]:
+    """The words of a script's code (comments left out) that name a program: a bare name or a path in a bin/."""
+    code = re.sub(r"(?m)(^|\s)#.*$", "", script.read_text())
+    words = re.split(r"[\s'\"`;|&(){}]+", code)
+    return {Path(word).name for word in words if "/" not in word or Path(word).parent.name == "bin"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(checkout_root())))
+def test_no_job_falls_back_to_a_profiler_past_its_end_of_support(script):
+    assert not _commands_run(script) & PAST_SUPPORT
+
+
+def _rocprof_job(tmp_path: Path, *programs: str) -> subprocess.CompletedProcess:
+    """jobs/profiling/rocprof_lumi.sbatch run by bash as Slurm runs it, in a copy of jobs/ with a venv, on a PATH
+    where ``programs`` are stand-ins and srun prints the command it was given."""
+    shutil.copytree(checkout_root() / "jobs", tmp_path / "jobs")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in [("srun", 'printf "%s\\n" "$@"\n'), *((program, "exit 0\n") for program in programs)]:
+        (bin_dir / name).write_text(f"#!/bin/bash\n{text}")
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "USER": "learner", "TMPDIR": str(tmp_path),
+           "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "4242"}
+    return subprocess.run(["bash", "jobs/profiling/rocprof_lumi.sbatch", "--batch-size", "64"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_rocm_profiling_job_runs_rocprofv3_around_the_training_command(tmp_path):
+    job = _rocprof_job(tmp_path, "rocprofv3")
+    assert job.returncode == 0, job.stderr
+    found, *srun, said = job.stdout.splitlines()
+    assert found == f"profiler: {tmp_path / 'bin' / 'rocprofv3'}" and said == "trace: runs/rocprof/4242"
+    assert srun[:3] == ["jobs/lumi/course_python.sh", "--exec", str(tmp_path / "bin" / "rocprofv3")]
+    assert srun[srun.index("--output-format") + 1:srun.index("-d")] == ["pftrace", "csv"]
+    assert srun[srun.index("--") + 1:srun.index("--") + 4] == ["python", "-m", "course_utils.train"]
+    assert srun[-2:] == ["--batch-size", "64"]
+
+
+@pytest.mark.skipif(Path("/opt/rocm/bin/rocprofv3").exists(), reason="this machine has ROCm's rocprofv3")
+def test_the_rocm_profiling_job_stops_where_only_the_old_profilers_are(tmp_path):
+    job = _rocprof_job(tmp_path, "rocprof", "rocprofv2")
+    assert job.returncode == 1 and "no rocprofv3 in the course's environment" in job.stderr, job.stderr
+    assert "course_python.sh" not in job.stdout  # srun never ran
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_cloud_recipe_joins_two_nodes_through_c10d_and_each_node_samples_its_devices(tiny_root, two_cloud_nodes):

@@ -121,7 +121,7 @@ def holistic_trace_analysis(trace_dir: str | Path, device_type: str) -> str:
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError:
-        return ("HolisticTraceAnalysis is not installed: pip install HolisticTraceAnalysis==0.5.0 (in the course's "
+        return ("HolisticTraceAnalysis is not installed: pip install traceinsight==0.6.1 (in the course's "
                 "test extra: pip install -e '.[test]')")
     if device_type != "cuda":
         return "This trace has no GPU kernels (it was recorded on the CPU): HTA has nothing to analyse."

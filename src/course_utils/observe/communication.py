@@ -222,7 +222,7 @@ def overlap_by_hta(trace_dir: Path) -> pd.DataFrame:
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError as error:
-        raise ImportError("HolisticTraceAnalysis is not installed: pip install HolisticTraceAnalysis==0.5.0 "
+        raise ImportError("HolisticTraceAnalysis is not installed: pip install traceinsight==0.6.1 "
                           "(in the course's test extra: pip install -e '.[test]')") from error
     analysis = TraceAnalysis(trace_dir=str(trace_dir), include_last_profiler_step=True)
     overlap = analysis.get_comm_comp_overlap(visualize=False)

@@ -4,7 +4,7 @@ run with ``--trace``).
 The training loop marks each iteration's phases as ``data``, ``forward``, ``backward`` and
 ``optimizer_step``. With a trace requested, each mark is a ``torch.profiler.record_function``
 range (visible in the Chrome/Perfetto trace and the operator table) and, on a GPU, an NVTX range
-for Nsight Systems; PyTorch's ROCm build sends the same calls to ROCTX for rocprof. Without a
+for Nsight Systems; PyTorch's ROCm build sends the same calls to ROCTX for rocprofv3. Without a
 trace the marks cost nothing.
 """
 
