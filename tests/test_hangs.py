@@ -101,6 +101,39 @@ def test_detail_names_the_mismatch_on_both_ranks(tmp_path, scenario, named):
     assert hang.seconds < BOUND_SECONDS and not hangs.launchers(os.getpid())
 
 
+DIES = """import os, signal, sys
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from course_utils.parallel.hangs import keep_flight_record
+records, timeout = sys.argv[1], float(sys.argv[2])
+dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+rank = dist.get_rank()
+keep_flight_record(records, rank)
+grads = torch.ones(1000)
+for step in range(3):
+    dist.all_reduce(grads)
+print(f"rank {rank} standing: the fourth all-reduce", flush=True)
+if rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer ends a rank: no record, no traceback
+dist.all_reduce(grads)
+"""
+
+
+def test_pytorchs_analyser_leaves_out_the_rank_that_died_and_reads_the_others(tmp_path):
+    (tmp_path / "dies.py").write_text(DIES)
+    died = when_it_breaks.launch_hang(tmp_path / "dies.py", folder=tmp_path / "dies", timeout_seconds=15)
+    records = tmp_path / "dies" / "flight_record"
+    assert list(died.flight_record.index) == [0], died.flight_record  # the dead rank wrote no record
+    assert died.flight_record.loc[0, "collectives enqueued"] == 4
+    every_rank = [part for part in hangs.analyser_command(records) if part != "--allow-incomplete-ranks"]
+    refused = subprocess.run(every_rank, capture_output=True, text=True, timeout=hangs.ANALYSER_SECONDS)
+    assert refused.returncode != 0 and "Missing dump files from ranks {1}" in refused.stderr, refused.stderr
+    report = hangs.analyse_flight_records(records)
+    assert report and "Missing dump files" not in report, report
+    assert died.seconds < BOUND_SECONDS and not hangs.launchers(os.getpid())
+
+
 def test_the_doctor_says_what_to_pass_when_it_cannot_tell_the_job():
     missing = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", "999999999"],
                              capture_output=True, text=True, timeout=60)

@@ -8,7 +8,7 @@ Three views of a hang, each from a real tool:
 - each rank's Flight Recorder: PyTorch records the collectives every rank enqueued (``TORCH_FR_BUFFER_SIZE``
   entries; gloo's too since PyTorch 2.7). A learner's script writes it on failure with :func:`write_flight_record`,
   and :func:`last_collectives` sets the ranks' last collectives side by side: the rank that enqueued fewer is the
-  one that never arrived.
+  one that never arrived. :func:`analyse_flight_records` runs PyTorch's analyser on them, a rank that died left out.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from course_utils.parallel import launched_processes
 
 FLIGHT_RECORD_PREFIX = "rank_"  # the file names torchfrtrace, PyTorch's analyser, expects: rank_0, rank_1...
 FLIGHT_RECORD_VARIABLE = "TORCH_FR_BUFFER_SIZE"
+FLIGHT_RECORD_ANALYSER = "torch.distributed.flight_recorder.fr_trace"  # PyTorch's analyser, torchfrtrace
+ANALYSER_SECONDS = 120.0  # its longest run: it imports torch, then reads every rank's record
 STACK_SECONDS = 20.0  # py-spy's longest look at one process
 # py-spy colours its dump where the environment asks for colour (a Jupyter kernel sets FORCE_COLOR): the codes
 # would sit inside every frame a reader parses.
@@ -183,6 +185,29 @@ def last_collectives(folder: str | os.PathLike) -> pd.DataFrame:
                      "its shapes": str(last.get("input_sizes", "")),
                      "called at": _caller(last.get("frames", []))})
     return pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame()
+
+
+def analyser_command(folder: str | os.PathLike) -> list[str]:
+    """PyTorch's analyser on the records in ``folder``, matching the ranks that wrote one: a rank that died (SIGKILL,
+    a lost node) wrote none, and without ``--allow-incomplete-ranks`` the analyser stops at "Missing dump files from
+    ranks ..." instead of reading the others (the flag is in every PyTorch the course supports, 2.10 on)."""
+    return [sys.executable, "-m", FLIGHT_RECORD_ANALYSER, str(folder), "--prefix", FLIGHT_RECORD_PREFIX,
+            "--allow-incomplete-ranks"]
+
+
+def analyse_flight_records(folder: str | os.PathLike, seconds: float = ANALYSER_SECONDS) -> str:
+    """What PyTorch's analyser makes of the records in ``folder`` (the first collective the ranks disagree on, the
+    ranks missing from it), or where it stopped. It reads NCCL's records; on gloo's, PyTorch 2.14's analyser stops
+    with a KeyError (gloo names the process group differently in two places of its record), which is why
+    :func:`last_collectives` reads the records itself."""
+    try:
+        done = subprocess.run(analyser_command(folder), capture_output=True, text=True, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return f"PyTorch's analyser did not finish within {seconds:g} s"
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        return f"PyTorch's analyser stopped: {said[-1] if said else f'exit code {done.returncode}'}"
+    return done.stdout.strip()
 
 
 @dataclass
