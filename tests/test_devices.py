@@ -43,6 +43,16 @@ def test_report_of_a_rocm_machine_explains_gcds():
     assert "AMD ROCm" in text and "RCCL 2.20.5" in text and "GCD" in text
 
 
+def test_convolutions_are_autotuned_on_cuda_and_left_to_miopen_s_find_database_on_rocm():
+    """The facts of each build passed in (``torch.version.hip`` is the ROCm build's HIP version)."""
+    rocm = devices.conv_autotune("cuda", hip="7.0.51831", detection=False)
+    assert not rocm.on and str(rocm).startswith("off (ROCm: ") and "ROCm/rocm-libraries#3553" in str(rocm)
+    cuda = devices.conv_autotune("cuda", hip=None, detection=False)
+    assert cuda.on and str(cuda).startswith("on (CUDA: ")
+    assert str(devices.conv_autotune("cuda", hip=None, detection=True)).startswith("off (detection: ")
+    assert not devices.conv_autotune("cpu", hip="7.0.51831", detection=False).on
+
+
 @pytest.mark.parametrize(("vendors", "hip", "cuda", "says"), [
     (("AMD",), None, "12.8", "AMD GPUs (/dev/kfd), but this PyTorch (" + torch.__version__ + ") is a CUDA build"),
     (("AMD",), None, None, "is a CPU-only build that cannot use them. Use PyTorch's ROCm build"),

@@ -180,14 +180,21 @@ def test_course_requirements_leave_the_containers_packages_and_constrained_pins_
 HANGS_ON_LUMI = ("NCCL_NET_GDR_LEVEL",)
 
 
-def _lumi_environment(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The variables jobs/lumi/lumi_env.sh leaves set, sourced by bash as a job does (no module command here)."""
+def _lumi_job(tmp_path: Path, body: str, **extra: str) -> subprocess.CompletedProcess:
+    """A LUMI job script's shell, its home in ``tmp_path``: jobs/lumi/lumi_env.sh sourced by bash as a job does (no
+    module command here), then ``body``; it ends as a job does, through its EXIT trap."""
     script = checkout_root() / "jobs" / "lumi" / "lumi_env.sh"
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "USER": "learner", "SLURM_SUBMIT_DIR": str(tmp_path),
            "SLURM_JOB_ID": f"{os.getpid()}", "TMPDIR": str(tmp_path), **extra}
-    printed = subprocess.run(["bash", "-c", f"set -euo pipefail; source {script}; env -0"], env=env,
-                             capture_output=True, text=True, check=True).stdout
-    return dict(entry.split("=", 1) for entry in printed.split("\0") if "=" in entry)
+    return subprocess.run(["bash", "-c", f"set -euo pipefail; source {script}; {body}"], env=env,
+                          capture_output=True, text=True)
+
+
+def _lumi_environment(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The variables jobs/lumi/lumi_env.sh leaves set."""
+    job = _lumi_job(tmp_path, "env -0", **extra)
+    assert job.returncode == 0, job.stderr
+    return dict(entry.split("=", 1) for entry in job.stdout.split("\0") if "=" in entry)
 
 
 def test_the_lumi_environment_sets_nothing_known_to_hang_and_records_what_it_sets(tmp_path):
@@ -218,6 +225,64 @@ def test_lumi_s_miopen_folder_is_private_and_its_name_cannot_be_guessed(tmp_path
     (kept / "gfx90a.ukdb").write_text("kernels")
     folder = Path(_lumi_environment(tmp_path, COURSE_MIOPEN_CACHE=str(kept))["MIOPEN_USER_DB_PATH"])
     assert _private(folder) and (folder / "gfx90a.ukdb").read_text() == "kernels"
+
+
+# What MIOpen writes in its folder: its user find database, its user performance database, its kernel cache.
+MIOPEN_WRITES = {"gfx90a_110.HIP.3_5_1_5b3c0c3.ufdb.txt": "found", "gfx90a_110_3.udb": "tuned",
+                 "gfx90a_110.ukdb": "kernels"}
+
+
+def test_what_miopen_found_is_kept_for_the_next_job_and_nothing_else(tmp_path):
+    """Kept in the user's home; not a file of another program, a link, or a database left in the middle of a
+    write (its -journal beside it); and the job's exit status stays its own."""
+    writes = "; ".join(f'echo {text} > "$MIOPEN_USER_DB_PATH/{name}"' for name, text in MIOPEN_WRITES.items())
+    job = _lumi_job(tmp_path, f'{writes}; cd "$MIOPEN_USER_DB_PATH"; echo half > half.ukdb; : > half.ukdb-journal; '
+                              "echo notes > notes.txt; ln -s /etc/passwd planted.ukdb; exit 3")
+    assert job.returncode == 3, job.stderr
+    assert "MIOpen: 3 files of its find database and kernels kept in" in job.stderr
+    kept = tmp_path / ".cache" / "course-miopen"
+    assert _private(kept) and {path.name: path.read_text().strip() for path in kept.iterdir()} == MIOPEN_WRITES
+    following = Path(_lumi_environment(tmp_path)["MIOPEN_USER_DB_PATH"])
+    assert {path.name for path in following.iterdir()} == set(MIOPEN_WRITES)
+
+
+def test_a_kept_folder_that_cannot_be_used_is_named_and_the_job_goes_on(tmp_path, shared_tmp):
+    """A link, a folder where a copy cannot land, a folder another user made."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "gfx90a_110.ukdb").write_text("not the job's")
+    (tmp_path / "linked").symlink_to(elsewhere)
+    job = _lumi_job(tmp_path, 'ls "$MIOPEN_USER_DB_PATH"; echo k > "$MIOPEN_USER_DB_PATH/gfx90a_110.ukdb"',
+                    COURSE_MIOPEN_CACHE=str(tmp_path / "linked"))
+    assert job.returncode == 0 and job.stdout == "", job.stderr  # nothing read from it
+    assert "linked is not a folder (a link, or a file): not used" in job.stderr
+    assert [path.read_text() for path in elsewhere.iterdir()] == ["not the job's"]  # nothing written through it
+    blocked = tmp_path / "blocked"
+    (blocked / "gfx90a_110.ukdb").mkdir(parents=True)  # where the copy goes, something it cannot replace
+    job = _lumi_job(tmp_path, 'echo k > "$MIOPEN_USER_DB_PATH/gfx90a_110.ukdb"', COURSE_MIOPEN_CACHE=str(blocked))
+    assert job.returncode == 0 and f"could not copy what this job found into {blocked}" in job.stderr
+    foreign = shared_tmp / "course-miopen"  # made first by another user
+    _as_nobody("mkdir", "-m", "777", str(foreign))
+    job = _lumi_job(tmp_path, "true", COURSE_MIOPEN_CACHE=str(foreign))
+    assert job.returncode == 0 and f"{foreign} belongs to user {pwd.getpwnam('nobody').pw_uid}" in job.stderr
+
+
+def test_miopen_s_find_mode_is_explicit_and_one_set_before_is_kept(tmp_path):
+    assert _lumi_environment(tmp_path)["MIOPEN_FIND_MODE"] == "DYNAMIC_HYBRID"
+    assert _lumi_environment(tmp_path, MIOPEN_FIND_MODE="FAST")["MIOPEN_FIND_MODE"] == "FAST"
+
+
+def test_the_jupyter_session_keeps_what_miopen_found_and_the_app_s_own_exit_trap(tmp_path):
+    """jobs/lumi/jupyter_init.sh, sourced into the app's shell, which may have an EXIT trap of its own."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "activate").write_text("")  # the venv (COURSE_VENV)
+    init = checkout_root() / "jobs" / "lumi" / "jupyter_init.sh"
+    session = subprocess.run(["bash", "-c", f"trap 'echo the app ends' EXIT; source {init} >/dev/null; "
+                              'echo k > "$MIOPEN_USER_DB_PATH/gfx90a_110.ukdb"; echo "$MIOPEN_FIND_MODE"'],
+                             env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "COURSE_VENV": str(tmp_path),
+                                  "TMPDIR": str(tmp_path)}, capture_output=True, text=True)
+    assert session.returncode == 0 and session.stdout.splitlines() == ["DYNAMIC_HYBRID", "the app ends"]
+    assert (tmp_path / ".cache" / "course-miopen" / "gfx90a_110.ukdb").read_text() == "k\n"
 
 
 @pytest.fixture

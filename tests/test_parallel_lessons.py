@@ -218,7 +218,8 @@ def test_the_lumi_jupyter_init_bills_notebook_jobs_to_the_session_s_project(tmp_
     init = NOTEBOOKS.parent / "jobs" / "lumi" / "jupyter_init.sh"
     env = {key: value for key, value in os.environ.items() if key not in ("SLURM_JOB_ACCOUNT", "SBATCH_ACCOUNT")}
     said = subprocess.run(["bash", "-c", f"source {init} >/dev/null; echo ${{SBATCH_ACCOUNT-unset}}"],
-                          env={**env, "COURSE_VENV": str(tmp_path), "TMPDIR": str(tmp_path), **given},
+                          env={**env, "COURSE_VENV": str(tmp_path), "TMPDIR": str(tmp_path), "HOME": str(tmp_path),
+                               **given},
                           capture_output=True, text=True, check=True).stdout.split()[-1]
     assert said == expected
 

@@ -123,6 +123,20 @@ def test_command_line_short_run(tiny_root, tmp_path):
     assert "images/s" in result.stdout and RunFolder(tmp_path).summary.is_file()
 
 
+@pytest.mark.slow
+def test_the_end_line_sets_the_first_step_against_the_steady_one(tiny_root, tmp_path, capsys, run_summary):
+    """What the command prints last reads the run's summary: the first step apart from the steady state, and
+    the summary records whether convolutions were autotuned (on the CPU there is nothing to tune)."""
+    assert main(["--size", "ci", "--data-dir", str(tiny_root), "--max-steps", "6", "--batch-size", "16",
+                 "--train-samples", "96", "--test-samples", "32", "--workers", "0", "--device", "cpu",
+                 "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    summary = run_summary(tmp_path / "run")
+    first, steady = summary["first_iteration_seconds"][0], summary["steady_iteration_seconds"]
+    end = capsys.readouterr().out.splitlines()[-1]
+    assert f"; first step {first:.3g} s, steady step {steady:.3g} s; results in " in end
+    assert summary["conv_autotune"] == "off (CPU: no cuDNN or MIOpen)"
+
+
 def test_command_line_help_shows_the_sizes(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])

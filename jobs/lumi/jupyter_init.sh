@@ -7,11 +7,17 @@ course_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 export COURSE_VENV=${COURSE_VENV:-$course_root/.venv}
 
 source "$course_root/jobs/lumi/private_tmp.sh"
-# MIOpen's caches in a private folder in /tmp (memory of this session, emptied when it ends), as in
-# jobs/lumi/lumi_env.sh.
+# MIOpen's caches in a private folder in /tmp (memory of this session, emptied when it ends), filled from and
+# saved back to COURSE_MIOPEN_CACHE (default ~/.cache/course-miopen) when the app's shell ends, and MIOpen's find
+# mode made explicit, as in jobs/lumi/lumi_env.sh (which says why).
 if MIOPEN_USER_DB_PATH=$(course_new_private_folder course-miopen); then
   export MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR=$MIOPEN_USER_DB_PATH
+  COURSE_MIOPEN_CACHE=${COURSE_MIOPEN_CACHE-${XDG_CACHE_HOME:-${HOME:-}/.cache}/course-miopen}
+  if [[ -n $COURSE_MIOPEN_CACHE ]]; then
+    course_keep_miopen_db "$MIOPEN_USER_DB_PATH" "$COURSE_MIOPEN_CACHE"
+  fi
 fi
+export MIOPEN_FIND_MODE=${MIOPEN_FIND_MODE:-DYNAMIC_HYBRID}
 # The inline %tensorboard cannot reach the compute node through the web interface's proxy:
 # course_utils.observe.tensorboard.show() names the TensorBoard app instead.
 export COURSE_TENSORBOARD_APP="the web interface's Apps > TensorBoard"
@@ -41,5 +47,5 @@ else
   source "$COURSE_VENV/bin/activate"
 fi
 unset course_root
-unset -f course_new_private_folder course_private_folder
+unset -f course_new_private_folder course_private_folder course_keep_miopen_db
 echo "course environment: $(command -v python) (COURSE_CONTAINER=${COURSE_CONTAINER:-none}, venv $COURSE_VENV)"

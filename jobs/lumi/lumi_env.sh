@@ -8,7 +8,7 @@
 # image, else the venv made with PyTorch's ROCm wheels (README, "On LUMI"; jobs/lumi/course_python.sh).
 # Sources: LUMI user guide (docs.lumi-supercomputer.eu: runjobs/scheduled-jobs/distribution-binding,
 # software/packages/pytorch, laif/software/ai-environment, storage) and the LUMI AI guide.
-source "$(dirname "${BASH_SOURCE[0]}")/private_tmp.sh"
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/private_tmp.sh"
 cd "${SLURM_SUBMIT_DIR:-.}"
 export COURSE_SIZE=${COURSE_SIZE:-workshop}
 
@@ -27,21 +27,29 @@ if [[ -n "${COURSE_CONTAINER:-}" && -z "${SINGULARITY_BIND:-}" ]] && type module
   unset _course_u
 fi
 
-# MIOpen's kernel cache and its user database (its tuning results) in /tmp, one private folder per job
-# (jobs/lumi/private_tmp.sh: made by mktemp -d, as LUMI's AI guide does): MIOpen's file locking does not work
-# on Lustre (/scratch, /project, /home), and a folder per job never meets a stale or foreign one. The job's
-# tasks on other nodes make the same folder there (course_python.sh). /tmp on a LUMI compute node is memory
-# counted in the job's allocation, and it is emptied when the job ends, so nothing of it persists: each job
-# compiles its kernels anew (notebook 01). COURSE_MIOPEN_CACHE=/scratch/<project>/$USER/miopen keeps them
-# between jobs: copied into /tmp when the job starts and back when the job script ends (on the job's first node).
+# MIOpen's kernel cache and its user databases (what its searches found) in /tmp, one private folder per job
+# (jobs/lumi/private_tmp.sh: made by mktemp -d): MIOpen's file locking does not work on Lustre (/scratch,
+# /project, /home), and a folder per job never meets a stale or foreign one. The job's tasks on other nodes make
+# the same folder there (course_python.sh). /tmp on a LUMI compute node is memory counted in the job's
+# allocation and emptied when the job ends, so what MIOpen found is kept in COURSE_MIOPEN_CACHE, a private folder
+# of the user (default ~/.cache/course-miopen: MIOpen's own default is ~/.cache and ~/.config, and what it finds
+# depends on the user's GCDs and image, not on a checkout or a project; home outlives a project's scratch):
+# copied in when the job starts and back when the job script ends, the first node's (jobs/lumi/miopen_db.sh).
+# The next job, or the next torchrun rank of a lesson, then takes MIOpen's answers from its find database
+# instead of searching again. COURSE_MIOPEN_CACHE names another folder (on scratch, for a tight home quota);
+# empty, it keeps nothing.
 MIOPEN_USER_DB_PATH=$(course_new_private_folder course-miopen)
 export MIOPEN_USER_DB_PATH MIOPEN_CUSTOM_CACHE_DIR=$MIOPEN_USER_DB_PATH
-if [[ -n "${COURSE_MIOPEN_CACHE:-}" ]]; then
-  mkdir -p "$COURSE_MIOPEN_CACHE"
-  cp -a "$COURSE_MIOPEN_CACHE/." "$MIOPEN_USER_DB_PATH/"
-  chmod 700 "$MIOPEN_USER_DB_PATH"  # cp -a gave it the mode of the cache's folder
-  trap 'cp -a "$MIOPEN_USER_DB_PATH/." "$COURSE_MIOPEN_CACHE/" || true' EXIT
+COURSE_MIOPEN_CACHE=${COURSE_MIOPEN_CACHE-${XDG_CACHE_HOME:-${HOME:-}/.cache}/course-miopen}
+if [[ -n $COURSE_MIOPEN_CACHE ]]; then
+  course_keep_miopen_db "$MIOPEN_USER_DB_PATH" "$COURSE_MIOPEN_CACHE"
 fi
+# MIOpen's find mode, explicit: DYNAMIC_HYBRID, MIOpen's default (5). A shape its find database knows is taken
+# from it; a new one is searched over MIOpen's dynamic kernels only, and recorded. Not FAST (2), which answers a
+# new shape from heuristics without timing it: a quicker start, slower kernels (MIOpen's find-and-immediate
+# page), and the lessons measure throughput. With cudnn.benchmark on, PyTorch sets NORMAL itself for each
+# convolution (the course leaves it off on ROCm: course_utils.devices.conv_autotune). A value set before is kept.
+export MIOPEN_FIND_MODE=${MIOPEN_FIND_MODE:-DYNAMIC_HYBRID}
 
 # RCCL between nodes over Slingshot: its four high-speed interfaces for RCCL's own sockets (bootstrap; it
 # must not try the management network). The aws-ofi plugin (libfabric, CXI provider) carries the traffic;

@@ -151,6 +151,37 @@ def tf32_convolutions() -> bool:
     return torch.backends.cudnn.conv.fp32_precision != "ieee"
 
 
+@dataclass(frozen=True)
+class ConvAutotune:
+    """Whether cuDNN or MIOpen times the convolution algorithms of each new input shape
+    (``torch.backends.cudnn.benchmark``), and why; ``str()`` is what the run's summary records."""
+
+    on: bool
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{'on' if self.on else 'off'} ({self.reason})"
+
+
+def conv_autotune(device_type: str, hip: str | None, detection: bool) -> ConvAutotune:
+    """The course's choice for a run on ``device_type``; ``hip`` is ``torch.version.hip`` (None: not ROCm).
+
+    On ROCm, PyTorch turns benchmark mode into MIOpen's NORMAL find mode (aten/src/ATen/miopen/Descriptors.h),
+    which times every solver and does not answer from the find database, so each new process searches again:
+    about 15-16 s per convolution layer, 280-300 s for a typical CNN (ROCm/rocm-libraries#3553), and every
+    torchrun rank of every lesson is a new process. Left off, PyTorch since 2.7 (pytorch/pytorch#145294) lets
+    MIOpen take a find-database hit or else do a quick search and record it: one job searches, the next reads
+    (jobs/lumi/lumi_env.sh keeps the database between jobs; jobs/lumi/SETTINGS.md has the sources)."""
+    if device_type != "cuda":
+        return ConvAutotune(False, "CPU: no cuDNN or MIOpen")
+    if detection:
+        return ConvAutotune(False, "detection: every new image size would be searched again")
+    if hip:
+        return ConvAutotune(False, "ROCm: benchmark mode repeats MIOpen's exhaustive search in every process, "
+                                   "ROCm/rocm-libraries#3553; off, MIOpen answers from its find database")
+    return ConvAutotune(True, "CUDA: cuDNN times each new input shape once, in the first steps")
+
+
 @contextlib.contextmanager
 def fp32_precision(mode: str) -> Iterator[None]:
     """fp32 convolutions and matrix products in ``mode`` inside the block: "ieee" (strict fp32, off the TF32

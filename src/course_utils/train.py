@@ -21,6 +21,7 @@ from course_utils.training.loop import Loop
 from course_utils.training.options import TrainOptions, build_parser
 from course_utils.training.preemption import Preempted
 from course_utils.training.setup import prepare
+from course_utils.training.summary import start_up_line
 
 
 def run(options: TrainOptions) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if process_group.placement().is_main:
         print(f"{summary['images_per_second']:.0f} images/s in steady state, {score_line(summary)}; "
-              f"results in {summary['out']}")
+              f"{start_up_line(summary)}; results in {summary['out']}")
     return 0
 
 

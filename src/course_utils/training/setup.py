@@ -86,6 +86,7 @@ class Setup:
     scaler: torch.amp.GradScaler
     autocast_dtype: torch.dtype | None  # None: no autocast, full fp32
     layout: Layout  # how the ranks are spread: data-parallel ranks, tensor-parallel degree, sharded or not
+    conv_autotune: devices.ConvAutotune  # whether cuDNN or MIOpen times convolution kernels, and why
 
     def __enter__(self) -> Setup:
         return self
@@ -155,10 +156,11 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
     layout = Layout(cfg.distributed, cfg.tp_size, where.world_size)
     # The same seed on every rank: the replicas start equal (DDP also broadcasts rank 0's weights).
     seed_everything(cfg.seed)
+    # cuDNN times the kernels of each new shape in the first iterations; not on ROCm, where MIOpen's find database
+    # answers instead, nor for a detector, whose every image size is new (devices.conv_autotune says why).
+    autotune = devices.conv_autotune(device.type, torch.version.hip, cfg.detection)
     if device.type == "cuda":
-        # Let cuDNN (MIOpen on ROCm) search for the fastest kernels, costly in the first iterations; not for a
-        # detector, whose every new image size would be searched again.
-        torch.backends.cudnn.benchmark = not cfg.detection
+        torch.backends.cudnn.benchmark = autotune.on
     tp = layout.tensor_parallel
     if tp > 1:  # refused before any data is read: the sizes alone say it (a model on "meta" holds no numbers)
         with torch.device("meta"):
@@ -180,7 +182,7 @@ def _build(cfg: TrainOptions, where: process_group.Placement) -> Setup:
     # fp16 has a narrow range: small gradients underflow to zero unless the loss is scaled up first.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
     return Setup(cfg, where, device, loaders, model, wrapped, step_model, recomputed, optimizer,
-                 nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp], layout)
+                 nn.CrossEntropyLoss(), scaler, AMP_DTYPES[cfg.amp], layout, autotune)
 
 
 def _distribute(model: nn.Module, cfg: TrainOptions, device: torch.device, layout: Layout) -> nn.Module:

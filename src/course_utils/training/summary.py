@@ -133,6 +133,16 @@ def final_scores(last_epoch: dict[str, Any]) -> dict[str, Any]:
             **{name: last_epoch[name] for name in METRICS if name in last_epoch}}
 
 
+def start_up_line(summary: dict[str, Any]) -> str:
+    """This process's first step against its steady one: on a GPU the first pays the set-up (cuDNN's or MIOpen's
+    kernel search, kernel compilation, the allocator's first requests), which the steady state leaves out."""
+    first, steady = summary["first_iteration_seconds"], summary["steady_iteration_seconds"]
+    if not first or math.isnan(steady):
+        return "no step timed by this process"
+    set_up = " (set-up: kernel search, compilation)" if summary["device_type"] == "cuda" else ""
+    return f"first step {first[0]:.3g} s{set_up}, steady step {steady:.3g} s"
+
+
 def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_records: list[dict[str, Any]],
                 monitor: Monitor | None, resumed_from: str | None, memory: StepMemory | None
                 ) -> dict[str, Any]:
@@ -153,6 +163,7 @@ def run_summary(setup: Setup, plan: Plan, times: StepTimes, steps: int, epoch_re
         "epoch_seconds": [r["seconds"] for r in epoch_records],
         "first_iteration_seconds": times.seconds[:5],
         "steady_iteration_seconds": steady_median(times.seconds, skip),
+        "conv_autotune": str(setup.conv_autotune),
         "steps": steps,
         "steps_per_epoch": plan.steps_per_epoch,
         **final_scores(epoch_records[-1]),
