@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import itertools
 import json
 import os
 import signal
@@ -48,6 +47,7 @@ from pathlib import Path
 from course_utils import config
 from course_utils.atomic_files import write_atomic, write_text_atomic
 from course_utils.parallel.launched_processes import Launch  # every process a task started, found and ended
+from course_utils.shared_folders import new_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN_GPU = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
@@ -103,15 +103,7 @@ def claim_run_folder(out: Path | None) -> Path:
     ``reference-<time>`` in the course's runs folder, created with mkdir, which fails where it exists, then
     ``-2``, ``-3``... (two copies started in the same second)."""
     if out is None:
-        stem = config.runs_dir() / f"reference-{datetime.now():%Y%m%d-%H%M%S}"
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        for number in itertools.count(1):
-            out = stem if number == 1 else stem.with_name(f"{stem.name}-{number}")
-            try:
-                out.mkdir()
-                break
-            except FileExistsError:
-                continue
+        out = new_folder(config.runs_dir() / f"reference-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     try:
         (out / "log.jsonl").open("x").close()
