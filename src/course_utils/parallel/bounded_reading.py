@@ -50,7 +50,7 @@ def _owner(path: Path) -> str:
         return "another user"
 
 
-def _refused(path: Path, error: OSError, what: str, fix: str) -> NotReadable:
+def _refused(path: Path, error: OSError, fix: str) -> NotReadable:
     if isinstance(error, FileNotFoundError):
         return NotReadable(f"{path}: no such file; {fix}")
     if isinstance(error, PermissionError):
@@ -69,7 +69,7 @@ def open_regular(path: str | os.PathLike, what: str = "log file",
         # O_NONBLOCK: a FIFO put in its place meanwhile opens at once instead of waiting for a writer
         descriptor = None if found else os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as error:
-        raise _refused(path, error, what, fix) from None
+        raise _refused(path, error, fix) from None
     if descriptor is not None and (found := _kind(os.fstat(descriptor).st_mode)):
         os.close(descriptor)
     if found is not None:
