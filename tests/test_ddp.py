@@ -41,6 +41,7 @@ def ddp_run(tiny_root, tmp_path_factory):
     return _ddp(tiny_root, out, batch_size=16), out
 
 
+@pytest.mark.oldest
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_on_two_ranks_equals_one_process_with_the_doubled_batch(ddp_run, tiny_root, tmp_path, run_weights):

@@ -17,6 +17,7 @@ def _options(tiny_coco, out, **extra) -> dict:
             "progress": False, "out": str(out), **extra}
 
 
+@pytest.mark.oldest
 @pytest.mark.slow
 def test_a_short_cpu_run_moves_box_ap_above_zero_and_reports_seconds_per_iteration(tiny_coco, tmp_path, capsys):
     summary = train(**_options(tiny_coco, tmp_path / "run", log_every=8))

@@ -42,6 +42,7 @@ def test_single_process_without_launcher():
     assert placement({}) == Placement() and not placement({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}).distributed
 
 
+@pytest.mark.oldest
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_self_check_with_gloo(torchrun_self_check):

@@ -55,6 +55,7 @@ def fsdp_run(tiny_root, tmp_path_factory):
     return _launch(2, tiny_root, out, distributed="fsdp", checkpoint_every=2), out
 
 
+@pytest.mark.oldest
 def test_fsdp_trains_like_ddp_and_each_rank_holds_half_the_model(fsdp_run, tiny_root, tmp_path, run_weights):
     result, out = fsdp_run
     ddp = tmp_path / "ddp"
@@ -74,6 +75,7 @@ def test_fsdp_trains_like_ddp_and_each_rank_holds_half_the_model(fsdp_run, tiny_
     assert result.summary["distributed"] == "fsdp" and result.summary["test_top1"] >= 0  # 101 images: uneven shares
 
 
+@pytest.mark.oldest
 def test_a_sharded_checkpoint_resumes_on_another_number_of_ranks(fsdp_run, tiny_root, tmp_path):
     _, out = fsdp_run
     stopped = tmp_path / "stopped"

@@ -91,6 +91,7 @@ def test_py_spy_reads_each_ranks_stack_in_mismatched_collectives_and_the_doctor_
     _nothing_left(seen)
 
 
+@pytest.mark.oldest
 @pytest.mark.parametrize("scenario, named", [("order", "OpType=BROADCAST"), ("shape", "TensorShape=[10]")])
 def test_detail_names_the_mismatch_on_both_ranks(tmp_path, scenario, named):
     hang = when_it_breaks.launch_hang(_written(tmp_path, "hang.py"), scenario, "cpu", folder=tmp_path / scenario,
@@ -120,6 +121,7 @@ dist.all_reduce(grads)
 """
 
 
+@pytest.mark.oldest
 def test_pytorchs_analyser_leaves_out_the_rank_that_died_and_reads_the_others(tmp_path):
     (tmp_path / "dies.py").write_text(DIES)
     died = when_it_breaks.launch_hang(tmp_path / "dies.py", folder=tmp_path / "dies", timeout_seconds=15)

@@ -185,6 +185,7 @@ print("rank", os.environ["RANK"], "ended cleanly")
 """
 
 
+@pytest.mark.oldest
 @pytest.mark.parametrize("how", ["raise", "abort", "abort-while-rank-0-waits"])
 def test_the_failed_rank_is_named_whether_it_raised_or_died_of_a_signal(tmp_path, how):
     """Only the rank that failed: not one that torchrun ended because another had failed."""

@@ -21,6 +21,7 @@ def _step(model, recomputed=(), micro_batches=1):
     return measured[0]
 
 
+@pytest.mark.oldest
 def test_a_linear_layer_saves_its_input_and_holds_three_copies_of_its_parameters():
     memory = _step(nn.Sequential(nn.Linear(10, 5)))
     parameter_bytes = (10 * 5 + 5) * 4

@@ -11,6 +11,7 @@ from course_utils.observe.memory import KINDS
 RUN = dict(size="ci", model="small_cnn", batch_size=16)
 
 
+@pytest.mark.oldest
 @pytest.mark.parametrize("recomputed", [False, True])
 def test_the_forecast_is_what_the_step_holds_once_it_ran(recomputed):
     predicted = memory_forecast.predict_step(**RUN, activation_checkpointing=recomputed)

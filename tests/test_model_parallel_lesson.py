@@ -41,6 +41,7 @@ def test_the_hand_split_mlp_matches_the_whole_block(tmp_path):
     assert len(check) == 8  # two ranks' outputs and input gradients, four weights' gradients
 
 
+@pytest.mark.oldest
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_the_dtensor_split_block_matches_the_whole_block(tmp_path):

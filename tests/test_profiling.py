@@ -20,6 +20,7 @@ def traced(tiny_root, tmp_path_factory):
     return base / "trace"
 
 
+@pytest.mark.oldest
 @pytest.mark.slow
 def test_trace_is_chrome_json_with_the_named_ranges(traced):
     trace = json.loads((traced / "trace.json").read_text())

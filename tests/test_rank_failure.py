@@ -31,6 +31,7 @@ def test_a_dead_rank_ends_the_job_quickly_and_is_named(tiny_root, tmp_path):
     assert "Signal 9 (SIGKILL)" in text or "exitcode  : -9" in text
 
 
+@pytest.mark.oldest
 def test_torchrun_restarts_from_the_last_checkpoint(tiny_root, tmp_path, run_weights):
     reference = launch(2, "course_utils.train", *_options(tiny_root, tmp_path / "reference"),
                        log_dir=tmp_path / "reference-logs", echo=False, timeout_seconds=300)

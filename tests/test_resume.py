@@ -133,6 +133,7 @@ def test_both_stop_signals_are_caught_while_training_and_restored_after():
         assert preemption.received_while_training() is None  # a new run starts unsignalled
 
 
+@pytest.mark.oldest
 @pytest.mark.slow
 def test_a_stop_signal_checkpoints_exits_99_and_resumes_exactly(tiny_root, tmp_path, reference, run_weights):
     stop = signal.SIGUSR1  # what Slurm sends with --signal=USR1@...; SIGTERM takes the same path (above)

@@ -88,6 +88,7 @@ def test_the_forced_schedule_aborts_a_rank_that_ends_through_the_interpreters_te
     assert "terminate called without an active exception" in rank0.stdout
 
 
+@pytest.mark.oldest
 def test_end_process_ends_the_same_rank_cleanly(tmp_path, free_port):
     """The fix: the exit handlers run (the flag appears, so rank 1 completes), and no thread is stopped half-way."""
     script = tmp_path / "late_collective.py"

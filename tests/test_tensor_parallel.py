@@ -54,6 +54,7 @@ def test_the_vision_transformer_has_its_sizes():
     assert not models.has_batch_norm(vit)
 
 
+@pytest.mark.oldest
 def test_tensor_parallel_trains_like_one_process(single, tiny_root, tmp_path, run_summary):
     out = tmp_path / "tp"
     result = _ranks(2, tiny_root, out, distributed="tp", checkpoint_every=4)
@@ -74,6 +75,7 @@ def test_fsdp_over_tensor_parallel_pairs_trains_like_one_process(single, tiny_ro
     assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
 
 
+@pytest.mark.oldest
 def test_a_tensor_parallel_checkpoint_resumes_under_fsdp(single, tiny_root, tmp_path):
     out = tmp_path / "stopped"
     _ranks(2, tiny_root, out, distributed="tp", max_steps=2, checkpoint_every=1)

@@ -1,0 +1,72 @@
+"""Where the suite's time goes, per test file and notebook: ``tests/times.json``, written from one measured run.
+
+    COURSE_TIME_TABLE=/tmp/raw.json make test        # the session writes each file's seconds there
+    python tests/time_table.py /tmp/raw.json [--label "2-core CPU VM, quiet"]
+
+The table keeps, for each file, the tests it ran, the seconds they took (setup, call and teardown, summed: with
+several workers the files' seconds add up to more than the wall time) and a budget. Budgets are the suite's
+contract: written once here (the first measurement, half again, rounded up to 10 s), changed by hand when a file is
+meant to cost more; ``tests/test_suite_times.py`` holds every file to its budget and every file to having one.
+Prints the table as Markdown, slowest first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+TABLE = Path(__file__).with_name("times.json")
+# The suite's whole budget on a quiet 2-core machine, in seconds of wall time (make test).
+WALL_BUDGET_SECONDS = 35 * 60
+
+
+def first_budget(seconds: float) -> int:
+    """A new file's budget: what it took, half again, rounded up to 10 s."""
+    return int(math.ceil(seconds * 1.5 / 10) * 10)
+
+
+def merged(measured: dict[str, dict], kept: dict[str, dict]) -> dict[str, dict]:
+    """The new measurement, each file keeping the budget it had; files no longer measured are dropped."""
+    return {path: {"tests": row["tests"], "seconds": row["seconds"],
+                   "budget": kept.get(path, {}).get("budget") or first_budget(row["seconds"])}
+            for path, row in sorted(measured.items())}
+
+
+def markdown(files: dict[str, dict]) -> str:
+    lines = ["| file | tests | seconds | budget |", "| --- | ---: | ---: | ---: |"]
+    for path, row in sorted(files.items(), key=lambda item: -item[1]["seconds"]):
+        lines.append(f"| {path} | {row['tests']} | {row['seconds']:.0f} | {row['budget']} |")
+    total = sum(row["seconds"] for row in files.values())
+    lines.append(f"| all {len(files)} files | {sum(row['tests'] for row in files.values())} | {total:.0f} | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw", type=Path, help="the file COURSE_TIME_TABLE named")
+    parser.add_argument("--label", default="", help="the machine and how busy it was, e.g. '2-core VM, quiet'")
+    args = parser.parse_args(argv)
+    try:
+        raw = json.loads(args.raw.read_text())
+        measured, wall = raw["files"], raw["wall_seconds"]
+    except (OSError, ValueError, KeyError) as error:
+        sys.exit(f"{args.raw}: not a time table a test session wrote ({error}); run the suite with "
+                 "COURSE_TIME_TABLE=PATH first")
+    kept = json.loads(TABLE.read_text())["files"] if TABLE.exists() else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=TABLE.parent).stdout.strip()
+    files = merged(measured, kept)
+    table = {"measured": {"date": date.today().isoformat(), "commit": commit, "machine": args.label,
+                          "wall_seconds": wall},
+             "wall_budget_seconds": WALL_BUDGET_SECONDS, "files": files}
+    TABLE.write_text(json.dumps(table, indent=1) + "\n")
+    print(markdown(files))
+
+
+if __name__ == "__main__":
+    main()
