@@ -1,7 +1,7 @@
 """Shared fixtures: a small generated CIFAR-100 and COCO-format set, quick training options, readers of a run
-folder, a free port, a small or read-only file system, the cloud recipe run as two 'VMs' on this machine, and
-the one torchrun self-check of the session, and a command run to its end with the seconds it outlived its last
-line."""
+folder, a free port, a small or read-only file system, the cloud recipe run as two 'VMs' on this machine, the
+one torchrun self-check and the one FSDP run of the session, and a command run to its end with the seconds it
+outlived its last line."""
 
 from __future__ import annotations
 
@@ -105,6 +105,18 @@ def run_weights() -> Callable[[Path | str], dict[str, torch.Tensor]]:
 def run_summary() -> Callable[[Path | str], dict[str, Any]]:
     """``run_summary(out)``: the ``summary.json`` of the finished run whose ``--out`` is ``out``."""
     return _summary
+
+
+@pytest.fixture(scope="session")
+def fsdp_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[LaunchResult, Path]:
+    """The sharding tests' run (``tests/sharded_runs.py``) with FSDP on 2 gloo ranks, 4 steps, sharded checkpoints
+    at steps 2 and 4: launched once for the session; read it, or copy it before changing it."""
+    import sharded_runs
+
+    out = tmp_path_factory.mktemp("fsdp") / "run"
+    result = sharded_runs.launched(2, tiny_root, out, distributed="fsdp", checkpoint_every=2)
+    assert result.ok, "\n".join(result.lines[-30:])
+    return result, out
 
 
 @dataclass(frozen=True)

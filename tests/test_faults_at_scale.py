@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+import sharded_runs
 import torch
 
 from course_utils import config
-from course_utils.parallel.launch import LaunchResult, launch
+from course_utils.parallel.launch import LaunchResult
 from course_utils.run_folder import RunFolder
 from course_utils.training import checkpoint, shard_files
 from course_utils.training.options import to_flags
@@ -95,24 +96,14 @@ def test_without_out_every_rank_writes_to_the_one_folder_rank_0_named(tiny_root,
     assert sorted(path.name for path in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
 
-def _options(tiny_root, out, **extra) -> dict:
-    return {"size": "ci", "data_dir": str(tiny_root), "model": "small_cnn_gn", "train_samples": 256,
-            "test_samples": 64, "batch_size": 16, "log_every": 1, "workers": 0, "device": "cpu", "seed": 5,
-            "progress": False, "out": str(out), "distributed": "fsdp", **extra}
-
-
 def _launch(tiny_root, out, **extra) -> LaunchResult:
-    return launch(2, "course_utils.train", *to_flags(**_options(tiny_root, out, **extra)),
-                  log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=False, timeout_seconds=300)
+    return sharded_runs.launched(2, tiny_root, out, distributed="fsdp", **extra)
 
 
-@pytest.fixture(scope="module")
-def sharded_run(tiny_root, tmp_path_factory) -> Path:
-    """A finished 2-rank FSDP run with sharded checkpoints at steps 2 and 4; copy it before changing it."""
-    out = tmp_path_factory.mktemp("sharded") / "run"
-    result = _launch(tiny_root, out, max_steps=4, checkpoint_every=2)
-    assert result.ok, "\n".join(result.lines[-30:])
-    return out
+@pytest.fixture
+def sharded_run(fsdp_run) -> Path:
+    """The session's finished 2-rank FSDP run, sharded checkpoints at steps 2 and 4; copy it before changing it."""
+    return fsdp_run[1]
 
 
 def _copy(run: Path, tmp_path: Path) -> RunFolder:
@@ -197,11 +188,11 @@ def test_a_damaged_shard_is_passed_over_for_the_newest_whole_checkpoint(sharded_
 
 def test_a_second_sharded_run_in_a_busy_folder_stops_on_every_rank_before_reading_a_checkpoint(tiny_root, tmp_path):
     folder = RunFolder(tmp_path / "run")
-    first = _torchrun(2, to_flags(**_options(tiny_root, folder.path, epochs=50, checkpoint_every=2,
-                                             input_delay_ms=20)))
+    first = _torchrun(2, to_flags(**sharded_runs.options(tiny_root, folder.path, distributed="fsdp", epochs=50,
+                                                         max_steps=None, checkpoint_every=2, input_delay_ms=20)))
     try:
         _wait_for_checkpoint(first, folder, "step-*.dcp")
-        second = _launch(tiny_root, folder.path, epochs=50, resume="auto")
+        second = _launch(tiny_root, folder.path, epochs=50, max_steps=None, resume="auto")
     finally:
         os.killpg(first.pid, signal.SIGTERM)  # torchrun passes it on to its ranks, which run in sessions of their own
         first.communicate(timeout=180)

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+import sharded_runs
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from course_utils.observe.metrics import read_records
-from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training import checkpoint
@@ -24,16 +24,8 @@ from course_utils.training.options import to_flags
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
-def _options(tiny_root, out, **extra) -> dict:
-    """A short deterministic run: a BatchNorm-free model, no augmentation, no workers, a loss every step."""
-    return {"size": "ci", "data_dir": tiny_root, "model": "small_cnn_gn", "train_samples": 256,
-            "test_samples": 101, "max_steps": 4, "log_every": 1, "workers": 0, "device": "cpu", "seed": 5,
-            "augment": False, "progress": False, "out": out, "batch_size": 16, **extra}
-
-
 def _launch(ranks, tiny_root, out, expect_ok=True, **extra):
-    result = launch(ranks, "course_utils.train", *to_flags(**_options(tiny_root, out, **extra)),
-                    log_dir=out.parent / f"{out.name}-logs", echo=False, timeout_seconds=300)
+    result = sharded_runs.launched(ranks, tiny_root, out, **extra)
     assert result.ok == expect_ok, "\n".join(result.lines[-30:])
     return result
 
@@ -47,12 +39,6 @@ def _sharded_weights(folder, tmp_path) -> dict[str, torch.Tensor]:
     target = tmp_path / f"{folder.name}.pt"
     dcp_to_torch_save(folder, target)
     return torch.load(target, weights_only=True)["model"]
-
-
-@pytest.fixture(scope="module")
-def fsdp_run(tiny_root, tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp") / "run"
-    return _launch(2, tiny_root, out, distributed="fsdp", checkpoint_every=2), out
 
 
 @pytest.mark.oldest
@@ -109,33 +95,35 @@ def test_a_damaged_sharded_checkpoint_is_passed_over_and_a_half_written_one_clea
 
 
 def test_a_checkpoint_of_another_strategy_is_refused_by_name(fsdp_run, tiny_root, tmp_path):
-    _, out = fsdp_run
+    out = tmp_path / "copy"
+    shutil.copytree(fsdp_run[1], out)  # the session's run stays as it was
     with pytest.raises(ValueError, match="is a folder of shards, written by a --distributed fsdp run; this run is "
                                          "--distributed none.*resume with --distributed fsdp"):
-        train(**_options(tiny_root, str(out), max_steps=6, resume="auto"))
+        train(**sharded_runs.options(tiny_root, str(out), max_steps=6, resume="auto"))
     named = checkpoint.step_path(RunFolder(out).checkpoints, 4, sharded=True)  # --resume PATH takes a folder too
     with pytest.raises(ValueError, match="is a folder of shards, written by a --distributed fsdp run"):
-        train(**_options(tiny_root, str(out), max_steps=6, resume=str(named)))
+        train(**sharded_runs.options(tiny_root, str(out), max_steps=6, resume=str(named)))
     single = tmp_path / "single"
-    train(**_options(tiny_root, str(single), max_steps=2, batch_size=32))
+    train(**sharded_runs.options(tiny_root, str(single), max_steps=2, batch_size=32))
     refused = _launch(2, tiny_root, single, expect_ok=False, distributed="fsdp", resume="auto")
     assert "is one file with the whole model, written by a --distributed none run" in "\n".join(refused.lines)
 
 
 def test_fsdp_refuses_what_does_not_fit_it(tiny_root, tmp_path):
     with pytest.raises(ValueError, match="shards the model over 2 or more ranks.*torchrun --nproc-per-node 2"):
-        train(**_options(tiny_root, str(tmp_path / "alone"), distributed="fsdp"))
+        train(**sharded_runs.options(tiny_root, str(tmp_path / "alone"), distributed="fsdp"))
     with pytest.raises(ValueError, match="--bucket-cap-mb, --static-graph tune DistributedDataParallel"):
-        train(**_options(tiny_root, str(tmp_path / "knobs"), distributed="fsdp", bucket_cap_mb=5, static_graph=True))
+        train(**sharded_runs.options(tiny_root, str(tmp_path / "knobs"), distributed="fsdp", bucket_cap_mb=5,
+                                     static_graph=True))
     with pytest.raises(ValueError, match="--offload keeps FSDP's shards .* use it with --distributed fsdp"):
-        train(**_options(tiny_root, str(tmp_path / "offload"), offload=True))
+        train(**sharded_runs.options(tiny_root, str(tmp_path / "offload"), offload=True))
     refused = _launch(2, tiny_root, tmp_path / "cpu-offload", expect_ok=False, distributed="fsdp", offload=True)
     assert "it needs GPUs" in "\n".join(refused.lines)
 
 
 def test_activation_checkpointing_trades_saved_activations_for_the_same_numbers(tiny_root, tmp_path):
-    plain = train(**_options(tiny_root, str(tmp_path / "plain"), model="resnet18", max_steps=2))
-    recomputed = train(**_options(tiny_root, str(tmp_path / "recomputed"), model="resnet18", max_steps=2,
+    plain = train(**sharded_runs.options(tiny_root, str(tmp_path / "plain"), model="resnet18", max_steps=2))
+    recomputed = train(**sharded_runs.options(tiny_root, str(tmp_path / "recomputed"), model="resnet18", max_steps=2,
                                   activation_checkpointing=True))
     before, after = (run["per_rank"][0]["step_memory_bytes"] for run in (plain, recomputed))
     assert after["activations"] < before["activations"] / 2
@@ -147,8 +135,8 @@ def test_a_stop_signal_to_every_rank_checkpoints_the_shards_and_the_run_resumes(
     """As under Slurm, which signals every task: the ranks agree on a step, write their shards and exit 99."""
     out = tmp_path / "run"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-               "course_utils.train", *to_flags(**_options(tiny_root, out, distributed="fsdp", max_steps=400,
-                                                           checkpoint_every=2))]
+               "course_utils.train", *to_flags(**sharded_runs.options(tiny_root, out, distributed="fsdp",
+                                                                      max_steps=400, checkpoint_every=2))]
     agent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while not list(RunFolder(out).checkpoints.glob("step-*.dcp")) and time.monotonic() < deadline:

@@ -62,9 +62,14 @@ def ddp_check(tmp_path, tiny_root):
     return check
 
 
-def test_set_epoch_removed_is_done_and_a_typo_after_it_is_a_failed_launch_not_the_earlier_record(ddp_check):
+def test_set_epoch_removed_is_done_and_reruns_after_it_are_never_judged_on_its_record(ddp_check):
+    """After the right answer: a rerun that writes no record, then one with a typo that crashes the ranks."""
     _done(ddp_check(_edited(DDP_SCRIPT, (SET_EPOCH, ""))))
-    assert ddp_check.record.is_file()
+    stale = ddp_check.record.read_text()
+    silent = _edited(DDP_SCRIPT, (SET_EPOCH, ""), ("if rank == 0 and args.out:", "if False:"))
+    _not_yet(ddp_check(silent), "wrote nothing")
+    assert not ddp_check.record.exists() and stale
+    ddp_check.record.write_text(stale)  # the right attempt's record, there again for the next rerun
     crashed = ddp_check(_edited(DDP_SCRIPT, ("sampler.set_epoch(epoch)", "sampler.set_epock(epoch)")))
     _not_yet(crashed, CRASHED, "Nothing was judged")
     assert not ddp_check.record.exists(), "the earlier attempt's record must be gone before the launch"
@@ -84,14 +89,6 @@ def test_no_shuffle_with_set_epoch_kept_repeats_the_order_but_is_not_yet(ddp_che
 
 def test_another_seed_without_set_epoch_is_not_yet(ddp_check):
     _not_yet(ddp_check(_edited(DDP_SCRIPT, (SET_EPOCH, ""), ("seed=0", "seed=1"))), "not with the order seed 0")
-
-
-def test_a_stale_record_is_never_read_when_the_script_writes_none(ddp_check):
-    _done(ddp_check(_edited(DDP_SCRIPT, (SET_EPOCH, ""))))
-    stale = ddp_check.record.read_text()
-    silent = _edited(DDP_SCRIPT, (SET_EPOCH, ""), ("if rank == 0 and args.out:", "if False:"))
-    _not_yet(ddp_check(silent), "wrote nothing")
-    assert not ddp_check.record.exists() and stale
 
 
 # --- 09: fewer, larger groups ----------------------------------------------------------------------------
@@ -114,8 +111,13 @@ def fsdp_check(tmp_path, tiny_root):
     return check
 
 
-def test_only_the_first_block_alone_is_done_and_a_typo_after_it_is_a_failed_launch(fsdp_check):
+def test_only_the_first_block_alone_is_done_and_reruns_after_it_are_never_judged_on_its_record(fsdp_check):
+    """After the right answer: a rerun that writes no record, then one with a typo that crashes the ranks."""
     _done(fsdp_check(_edited(FSDP_SCRIPT, FIRST_ALONE)))
+    stale = fsdp_check.record.read_text()
+    _not_yet(fsdp_check(_edited(FSDP_SCRIPT, FIRST_ALONE, ("if rank == 0 and args.out:", "if False:"))),
+             "wrote nothing")
+    fsdp_check.record.write_text(stale)  # the right attempt's record, there again for the next rerun
     _not_yet(fsdp_check(_edited(FSDP_SCRIPT, FIRST_ALONE,
                                 ("fully_shard(block)", "fully_shard(blok)"))), CRASHED, "Nothing was judged")
     assert not fsdp_check.record.exists()
@@ -140,13 +142,6 @@ def test_other_groupings_are_not_yet_and_say_what_the_script_did(fsdp_check, edi
     _not_yet(fsdp_check(_edited(FSDP_SCRIPT, *edits)), said)
 
 
-def test_a_stale_fsdp_record_is_never_read(fsdp_check):
-    _done(fsdp_check(_edited(FSDP_SCRIPT, FIRST_ALONE)))
-    silent = _edited(FSDP_SCRIPT, FIRST_ALONE,
-                     ("if rank == 0 and args.out:", "if False:"))
-    _not_yet(fsdp_check(silent), "wrote nothing")
-
-
 # --- 11: the collective the backward pass needs ------------------------------------------------------------
 
 TP_SCRIPT = shipped_script("11_tensor_and_pipeline_parallel.ipynb", "tp_by_hand.py")
@@ -167,9 +162,15 @@ def tp_check(tmp_path):
     return check
 
 
-def test_the_backward_all_reduce_taken_out_is_done_and_a_typo_after_it_is_a_failed_launch(tp_check):
+def test_the_backward_all_reduce_taken_out_is_done_and_reruns_after_it_are_never_judged_on_its_files(tp_check):
+    """After the right answer: a rerun that writes no rank files, then one with a typo that crashes the ranks."""
     _done(tp_check(_edited(TP_SCRIPT, (BACKWARD_ALL_REDUCE, "        return grad\n"))))
-    assert sorted(path.name for path in tp_check.results.iterdir()) == ["rank0.pt", "rank1.pt"]
+    stale = {path.name: path.read_bytes() for path in tp_check.results.iterdir()}
+    assert sorted(stale) == ["rank0.pt", "rank1.pt"]
+    silent = _edited(TP_SCRIPT, (BACKWARD_ALL_REDUCE, "        return grad\n"), ("torch.save(", "(lambda *_: None)("))
+    _not_yet(tp_check(silent), "wrote nothing")
+    for name, content in stale.items():  # the right attempt's files, there again for the next rerun
+        (tp_check.results / name).write_bytes(content)
     _not_yet(tp_check(_edited(TP_SCRIPT, ("dist.all_reduce(grad)", "dist.allreduce(grad)"))), CRASHED)
     assert not any(tp_check.results.iterdir()), "the earlier attempt's files must be gone before the launch"
 
@@ -189,9 +190,3 @@ def test_the_script_as_it_was_is_not_yet(tp_check):
 ], ids=["forward all-reduce instead", "zeros", "scaled"])
 def test_other_collective_edits_are_not_yet(tp_check, edit, said):
     _not_yet(tp_check(_edited(TP_SCRIPT, edit)), said)
-
-
-def test_a_stale_rank_file_is_never_read(tp_check):
-    _done(tp_check(_edited(TP_SCRIPT, (BACKWARD_ALL_REDUCE, "        return grad\n"))))
-    silent = _edited(TP_SCRIPT, (BACKWARD_ALL_REDUCE, "        return grad\n"), ("torch.save(", "(lambda *_: None)("))
-    _not_yet(tp_check(silent), "wrote nothing")
