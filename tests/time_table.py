@@ -28,8 +28,8 @@ WALL_TARGET_SECONDS = 35 * 60
 
 
 def first_budget(seconds: float) -> int:
-    """A new file's budget: what it took, half again, rounded up to 10 s."""
-    return int(math.ceil(seconds * 1.5 / 10) * 10)
+    """A new file's budget: what it took, half again, rounded up to 10 s (10 s at least)."""
+    return max(10, int(math.ceil(seconds * 1.5 / 10) * 10))
 
 
 def merged(measured: dict[str, dict], kept: dict[str, dict]) -> dict[str, dict]:
