@@ -169,7 +169,7 @@ def _run_all(page, lab: Lab, name: str) -> list[dict]:
 
 def _run_cells(page, lab: Lab, name: str, beginnings: tuple[str, ...]) -> list[dict]:
     """Open notebook ``name``, run the code cells whose source begins with each of ``beginnings``, in that order,
-    as a learner does (select the cell, Ctrl+Enter), each to its end."""
+    as a learner does (click into the cell, Ctrl+Enter), each to its end."""
     page.goto(f"{lab.url}/lab/tree/notebooks/{name}?reset&token={lab.token}")
     page.get_by_text(KERNEL_READY).wait_for(timeout=120_000)
     cells_on_disk = json.loads((checkout_root() / "notebooks" / name).read_text())["cells"]
@@ -181,9 +181,9 @@ def _run_cells(page, lab: Lab, name: str, beginnings: tuple[str, ...]) -> list[d
         numbers.append(found[0])
     cells = page.locator(".jp-Notebook .jp-CodeCell")
     for number in numbers:
-        prompt = cells.nth(number).locator(".jp-InputArea-prompt")
-        prompt.scroll_into_view_if_needed()
-        prompt.click()  # selects the cell, in command mode
+        editor = cells.nth(number).locator(".jp-InputArea-editor")
+        editor.scroll_into_view_if_needed()
+        editor.click()  # into the cell's code: a click beside it, on the collapser, would hide the code (and save so)
         page.keyboard.press("Control+Enter")
         page.wait_for_function(f"() => /^\\[\\d+\\]:$/.test({_PROMPTS_JS}[{number}])", timeout=RUN_SECONDS * 1000,
                                polling=1000)
