@@ -156,10 +156,15 @@ KERNEL_READY = re.compile(r"^Python 3 \(ipykernel\) \| Idle$")
 _ERROR = re.compile(r"Traceback|^\w*(Error|Exception)\b", re.MULTILINE)
 
 
-def _run_all(page, lab: Lab, name: str) -> list[dict]:
-    """Open notebook ``name`` through its address, run every cell from the Run menu, wait for the kernel."""
+def _open(page, lab: Lab, name: str) -> None:
+    """Notebook ``name`` opened through its address, once its kernel has started."""
     page.goto(f"{lab.url}/lab/tree/notebooks/{name}?reset&token={lab.token}")  # reset: only this notebook open
     page.get_by_text(KERNEL_READY).wait_for(timeout=120_000)  # the status bar, once the kernel has started
+
+
+def _run_all(page, lab: Lab, name: str) -> list[dict]:
+    """Open notebook ``name`` through its address, run every cell from the Run menu, wait for the kernel."""
+    _open(page, lab, name)
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     page.wait_for_function(_STARTED_JS, timeout=30_000)
@@ -170,8 +175,7 @@ def _run_all(page, lab: Lab, name: str) -> list[dict]:
 def _run_cells(page, lab: Lab, name: str, beginnings: tuple[str, ...]) -> list[dict]:
     """Open notebook ``name``, run the code cells whose source begins with each of ``beginnings``, in that order,
     as a learner does (click into the cell, Ctrl+Enter), each to its end."""
-    page.goto(f"{lab.url}/lab/tree/notebooks/{name}?reset&token={lab.token}")
-    page.get_by_text(KERNEL_READY).wait_for(timeout=120_000)
+    _open(page, lab, name)
     cells_on_disk = json.loads((checkout_root() / "notebooks" / name).read_text())["cells"]
     sources = ["".join(cell["source"]) for cell in cells_on_disk if cell["cell_type"] == "code"]  # as shown
     numbers = []
