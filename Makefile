@@ -66,15 +66,21 @@ lint: setup
 bytecode: setup
 	$(BIN)/python -m compileall -q src data_prep
 
+# The suite on TEST_WORKERS pytest-xdist workers, each taking whole files, the longest first (conftest.py): many
+# tests wait (time limits, hangs on purpose, Slurm's queue, the browser) while others use the cores.
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: lint bytecode
 	COURSE_SIZE=ci $(BIN)/python -m data_prep --size ci
-	COURSE_SIZE=ci $(BIN)/python -m pytest
+	COURSE_SIZE=ci $(BIN)/python -m pytest $(XDIST)
 
 # The unit tests that neither train for long nor start real processes (torchrun, the command, Slurm);
 # no notebooks. A check while editing: `make test` stays the one that counts.
 test-quick: lint
 	COURSE_SIZE=ci $(BIN)/python -m data_prep --size ci
-	COURSE_SIZE=ci $(BIN)/python -m pytest -m "not slow and not distributed" tests
+	COURSE_SIZE=ci $(BIN)/python -m pytest $(XDIST) -m "not slow and not distributed" tests
 
 # The oldest PyTorch the course supports (src/course_utils/versions.py) in a venv of its own: what learners on LUMI's
 # and NGC's containers run. Only what differs between the versions is installed there: torch and torchvision (with
@@ -102,7 +108,7 @@ oldest-venv: $(OLDEST_STAMP)
 
 test-oldest: lint bytecode $(OLDEST_STAMP)
 	COURSE_SIZE=ci $(OLDEST_VENV)/bin/python -m data_prep --size ci
-	COURSE_SIZE=ci $(OLDEST_VENV)/bin/python -m pytest -m oldest tests
+	COURSE_SIZE=ci $(OLDEST_VENV)/bin/python -m pytest $(XDIST) -m oldest tests
 	COURSE_SIZE=ci $(OLDEST_VENV)/bin/python -m pytest $(OLDEST_NOTEBOOKS)
 
 tensorboard: setup

@@ -1,13 +1,15 @@
 """Shared fixtures: a small generated CIFAR-100 and COCO-format set, quick training options, readers of a run
 folder, a free port, a small or read-only file system, the cloud recipe run as two 'VMs' on this machine, the
-one torchrun self-check and the one FSDP run of the session, and a command run to its end with the seconds it
-outlived its last line."""
+one torchrun self-check and the one FSDP run of the whole run (shared by pytest-xdist's workers), and a command run
+to its end with the seconds it outlived its last line."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import os
+import pickle
 import signal
 import subprocess
 import threading
@@ -15,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -28,19 +30,42 @@ from course_utils.parallel.launch import LaunchResult, launch
 from course_utils.run_folder import RunFolder
 from course_utils.training import checkpoint
 
+Made = TypeVar("Made")
+
+
+def _once_per_run(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Made]) -> Made:
+    """``make(folder)`` run once for the whole test run: on pytest-xdist's workers the first to ask makes it in a
+    folder they all see, under a lock, and the others wait and read what it made (pickled); without workers, a
+    session fixture alone does that."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return make(factory.mktemp(name))
+    folder = factory.getbasetemp().parent / name  # the run's temporary folder: every worker's own lies in it
+    made = folder.with_suffix(".pickle")
+    with open(folder.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.exists():
+            folder.mkdir()
+            result = make(folder)
+            made.with_suffix(".partial").write_bytes(pickle.dumps(result))
+            made.with_suffix(".partial").rename(made)
+        return pickle.loads(made.read_bytes())
+
+
+def _tiny_cifar100(folder: Path) -> Path:
+    generate(folder, train=600, test=200, seed=0)
+    return folder
+
 
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny CIFAR-100 (600 train / 200 test images) shared by the whole session; do not modify."""
-    root = tmp_path_factory.mktemp("tiny")
-    generate(root, train=600, test=200, seed=0)
-    return root
+    """A tiny CIFAR-100 (600 train / 200 test images) shared by the whole run; do not modify."""
+    return _once_per_run(tmp_path_factory, "tiny", _tiny_cifar100)
 
 
 @pytest.fixture(scope="session")
 def tiny_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ci size's tiny COCO-format set (its default size and seed) shared by the whole session; do not modify."""
-    return generated_coco.generate(tmp_path_factory.mktemp("tiny-coco") / "coco")
+    """The ci size's tiny COCO-format set (its default size and seed) shared by the whole run; do not modify."""
+    return _once_per_run(tmp_path_factory, "tiny-coco", lambda folder: generated_coco.generate(folder / "coco"))
 
 
 @pytest.fixture
@@ -107,14 +132,18 @@ def run_summary() -> Callable[[Path | str], dict[str, Any]]:
     return _summary
 
 
+def _launched_fsdp_run(tiny_root: Path, folder: Path) -> tuple[LaunchResult, Path]:
+    import sharded_runs
+
+    out = folder / "run"
+    return sharded_runs.launched(2, tiny_root, out, distributed="fsdp", checkpoint_every=2), out
+
+
 @pytest.fixture(scope="session")
 def fsdp_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[LaunchResult, Path]:
     """The sharding tests' run (``tests/sharded_runs.py``) with FSDP on 2 gloo ranks, 4 steps, sharded checkpoints
-    at steps 2 and 4: launched once for the session; read it, or copy it before changing it."""
-    import sharded_runs
-
-    out = tmp_path_factory.mktemp("fsdp") / "run"
-    result = sharded_runs.launched(2, tiny_root, out, distributed="fsdp", checkpoint_every=2)
+    at steps 2 and 4: launched once for the run; read it, or copy it before changing it."""
+    result, out = _once_per_run(tmp_path_factory, "fsdp", lambda folder: _launched_fsdp_run(tiny_root, folder))
     assert result.ok, "\n".join(result.lines[-30:])
     return result, out
 
@@ -127,16 +156,19 @@ class SelfCheck:
     streamed: str  # what launch printed while the ranks ran, as a notebook cell shows it
 
 
+def _self_check(folder: Path) -> SelfCheck:
+    streamed = io.StringIO()
+    with contextlib.redirect_stdout(streamed):  # launch prints from a thread, to whatever sys.stdout is then
+        result = launch(2, "course_utils.parallel.process_group", log_dir=folder, timeout_seconds=180)
+    return SelfCheck(result, streamed.getvalue())
+
+
 @pytest.fixture(scope="session")
 def torchrun_self_check(tmp_path_factory: pytest.TempPathFactory) -> SelfCheck:
     """``torchrun --standalone --nproc-per-node 2 -m course_utils.parallel.process_group`` (two gloo ranks),
-    run once for the session: the tests of the process group and of ``launch`` both read it, and starting
+    run once for the run: the tests of the process group and of ``launch`` both read it, and starting
     torchrun costs seconds."""
-    streamed = io.StringIO()
-    with contextlib.redirect_stdout(streamed):  # launch prints from a thread, to whatever sys.stdout is then
-        result = launch(2, "course_utils.parallel.process_group", log_dir=tmp_path_factory.mktemp("self-check"),
-                        timeout_seconds=180)
-    return SelfCheck(result, streamed.getvalue())
+    return _once_per_run(tmp_path_factory, "self-check", _self_check)
 
 
 # Python's exit handlers and torchrun's agent take a second or two after the last line, on a busy machine a few

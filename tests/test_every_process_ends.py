@@ -167,10 +167,11 @@ def test_a_cell_interrupted_while_compiling_leaves_the_kernel_usable(tiny_root, 
         manager.shutdown_kernel(now=True)
 
 
-# The course's tools, each as a learner or an instructor starts it from a terminal: the doctor with no job to look
-# at, the monitor for a few samples, the data preparation of the ci size.
+# The course's tools, each as a learner or an instructor starts it from a terminal: the doctor pointed at a process
+# that is no job (this test's own: with none named it would look at any torchrun job of this user, and the suite's
+# other workers run some), the monitor for a few samples, the data preparation of the ci size.
 TOOLS = [
-    ("doctor", ["-m", "course_utils.doctor"], 1),
+    ("doctor", ["-m", "course_utils.doctor", "--pid", str(os.getpid())], 1),
     ("monitor", ["-m", "course_utils.observe.monitor", "--backend", "cpu", "--count", "3", "--interval", "0.2"], 0),
     ("data_prep", ["-m", "data_prep", "--size", "ci"], 0),
 ]

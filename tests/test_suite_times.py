@@ -38,11 +38,14 @@ def test_the_measured_run_kept_every_file_within_its_budget(table):
 
 
 def test_a_new_file_gets_a_budget_of_its_measure_and_half_again_and_an_old_one_keeps_its_own():
-    rows = merged({"tests/test_new.py": {"tests": 3, "seconds": 41.0},
-                   "tests/test_old.py": {"tests": 5, "seconds": 12.0}},
-                  {"tests/test_old.py": {"tests": 4, "seconds": 9.0, "budget": 30},
-                   "tests/test_gone.py": {"tests": 1, "seconds": 1.0, "budget": 10}})
-    assert rows == {"tests/test_new.py": {"tests": 3, "seconds": 41.0, "budget": first_budget(41.0)},
-                    "tests/test_old.py": {"tests": 5, "seconds": 12.0, "budget": 30}}
+    rows = merged({"tests/test_new.py": {"tests": 3, "seconds": 41.0, "cpu_seconds": 60.5},
+                   "tests/test_old.py": {"tests": 5, "seconds": 12.0, "cpu_seconds": 3.0}},
+                  {"tests/test_old.py": {"tests": 4, "seconds": 9.0, "cpu_seconds": 2.0, "budget": 30},
+                   "tests/test_gone.py": {"tests": 1, "seconds": 1.0, "cpu_seconds": 1.0, "budget": 10}})
+    assert rows == {"tests/test_new.py": {"tests": 3, "seconds": 41.0, "cpu_seconds": 60.5,
+                                          "budget": first_budget(41.0)},
+                    "tests/test_old.py": {"tests": 5, "seconds": 12.0, "cpu_seconds": 3.0, "budget": 30}}
     assert first_budget(41.0) == 70
-    assert markdown(rows).splitlines()[2].startswith("| tests/test_new.py | 3 | 41 | 70 |")
+    lines = markdown(rows).splitlines()
+    assert lines[2].startswith("| tests/test_new.py | 3 | 41 | 60 | 70 |")
+    assert lines[-1] == "| all 2 files | 8 | 53 | 64 | |"

@@ -1,11 +1,12 @@
 """Where the suite's time goes, per test file and notebook: ``tests/times.json``, written from one measured run.
 
     COURSE_TIME_TABLE=/tmp/raw.json make test        # the session writes each file's seconds there
-    python tests/time_table.py /tmp/raw.json [/tmp/more.json ...] [--label "2-core CPU VM, quiet"]
+    python tests/time_table.py /tmp/raw.json [/tmp/more.json ...] [--label "2-core CPU VM, quiet"] [--new-budgets]
 
 A file a later session measured alone (a new test file) adds its rows; the wall time is the first one's.
 
-The table keeps, for each file, the tests it ran, the seconds they took (setup, call and teardown, summed) and a
+The table keeps, for each file, the tests it ran, the seconds they took (setup, call and teardown, summed), the CPU
+seconds they and the processes they started used (the part a busier machine or more workers do not change) and a
 budget. Budgets are the suite's
 contract: written once here (the first measurement, half again, rounded up to 10 s), changed by hand when a file is
 meant to cost more; ``tests/test_suite_times.py`` holds every file to its budget and every file to having one.
@@ -34,17 +35,20 @@ def first_budget(seconds: float) -> int:
 
 def merged(measured: dict[str, dict], kept: dict[str, dict]) -> dict[str, dict]:
     """The new measurement, each file keeping the budget it had; files no longer measured are dropped."""
-    return {path: {"tests": row["tests"], "seconds": row["seconds"],
+    return {path: {"tests": row["tests"], "seconds": row["seconds"], "cpu_seconds": row.get("cpu_seconds"),
                    "budget": kept.get(path, {}).get("budget") or first_budget(row["seconds"])}
             for path, row in sorted(measured.items())}
 
 
 def markdown(files: dict[str, dict]) -> str:
-    lines = ["| file | tests | seconds | budget |", "| --- | ---: | ---: | ---: |"]
+    lines = ["| file | tests | seconds | CPU seconds | budget |", "| --- | ---: | ---: | ---: | ---: |"]
     for path, row in sorted(files.items(), key=lambda item: -item[1]["seconds"]):
-        lines.append(f"| {path} | {row['tests']} | {row['seconds']:.0f} | {row['budget']} |")
+        cpu = "" if row.get("cpu_seconds") is None else f"{row['cpu_seconds']:.0f}"
+        lines.append(f"| {path} | {row['tests']} | {row['seconds']:.0f} | {cpu} | {row['budget']} |")
     total = sum(row["seconds"] for row in files.values())
-    lines.append(f"| all {len(files)} files | {sum(row['tests'] for row in files.values())} | {total:.0f} | |")
+    cpu_total = sum(row.get("cpu_seconds") or 0 for row in files.values())
+    lines.append(f"| all {len(files)} files | {sum(row['tests'] for row in files.values())} | {total:.0f} | "
+                 f"{cpu_total:.0f} | |")
     return "\n".join(lines)
 
 
@@ -52,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", type=Path, nargs="+", help="the files COURSE_TIME_TABLE named, the whole run's first")
     parser.add_argument("--label", default="", help="the machine and how busy it was, e.g. '2-core VM, quiet'")
+    parser.add_argument("--new-budgets", action="store_true",
+                        help="every budget from this measurement: the way the suite runs changed (its workers)")
     args = parser.parse_args(argv)
     raws = []
     for path in args.raw:
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
                      "COURSE_TIME_TABLE=PATH first")
     measured = {path: row for files, _ in raws for path, row in files.items()}
     wall = raws[0][1]
-    kept = json.loads(TABLE.read_text())["files"] if TABLE.exists() else {}
+    kept = json.loads(TABLE.read_text())["files"] if TABLE.exists() and not args.new_budgets else {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=TABLE.parent).stdout.strip()
     files = merged(measured, kept)
