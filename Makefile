@@ -53,9 +53,11 @@ $(LAB_OVERRIDES): jupyter/overrides.json $(STAMP)
 	mkdir -p $(dir $@)
 	cp $< $@
 
-# jupyter/jupyter_server_config.py saves the course's notebooks without outputs: the checkout stays clean.
+# jupyter/jupyter_server_config.py saves the course's notebooks without outputs: the checkout stays clean. The venv's
+# bin/ leads PATH, as after `source .venv/bin/activate`: `!python -m course_utils.doctor` in a cell and `python`
+# in JupyterLab's terminal are the course's Python, not the system's (or none).
 lab: data $(LAB_OVERRIDES)
-	$(BIN)/jupyter lab --config=jupyter/jupyter_server_config.py --ip=$(HOST) --port=$(PORT) \
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/jupyter lab --config=jupyter/jupyter_server_config.py --ip=$(HOST) --port=$(PORT) \
 		$(if $(filter 0,$(BROWSER)),--no-browser,) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 lint: setup

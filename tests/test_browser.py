@@ -27,9 +27,10 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from course_utils.atomic_files import write_atomic
@@ -55,6 +56,7 @@ class Lab:
     token: str
     runs: Path
     tensorboard_port: int
+    make_pid: int = 0  # the `make lab` process
 
     def api(self, path: str, method: str = "GET") -> object:
         request = urllib.request.Request(f"{self.url}/api/{path}", method=method,
@@ -118,7 +120,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_until_up(lab, process, log)
-        yield lab
+        yield replace(lab, make_pid=process.pid)
     finally:
         with contextlib.suppress(OSError):
             lab.api("shutdown", method="POST")  # JupyterLab ends its kernels and exits, and with it make
@@ -254,6 +256,19 @@ NOTEBOOKS: dict[str, tuple[Callable, tuple[str, ...]]] = {
                                                           "tensorboard.show(")),
     "02_monitoring.ipynb": (_live_monitor_renders, ("from IPython.display", "with Monitor(")),
 }
+
+
+def test_a_cells_python_is_the_courses_as_after_activating_the_venv(lab):
+    """`!python -m course_utils.doctor` in a cell, and `python` in JupyterLab's terminal, run the first `python` on
+    the PATH the kernels and terminals get from JupyterLab's server: `make lab` puts the venv's first."""
+    servers = []
+    for process in psutil.Process(lab.make_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a short-lived child may end while it is read
+            if any("jupyter" in Path(part).name for part in process.cmdline()[:2]):
+                servers.append(process)
+    assert servers, "no JupyterLab server under make lab"
+    path = servers[0].environ()["PATH"]
+    assert shutil.which("python", path=path) == str(Path(sys.prefix) / "bin" / "python"), path
 
 
 @pytest.mark.parametrize("name", list(NOTEBOOKS))
