@@ -198,12 +198,15 @@ def _run_cells(page, lab: Lab, name: str, beginnings: tuple[str, ...]) -> list[d
 
 
 def _save_from_the_browser(page, notebook: Path) -> None:
-    """Ctrl+S in the notebook, as a learner saves it; returns once the server has written the file."""
+    """Ctrl+S in the notebook, as a learner saves it; returns once the server has written the file. Jupyter's
+    "atomic" save copies the file to ``.~NAME``, writes NAME in place, then removes the copy: a file read while the
+    copy is there may be cut short."""
     before = notebook.stat().st_mtime_ns
+    copy = notebook.with_name(".~" + notebook.name)
     page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
     page.keyboard.press("Control+s")
     deadline = time.monotonic() + 30
-    while notebook.stat().st_mtime_ns == before:
+    while notebook.stat().st_mtime_ns == before or copy.exists():
         assert time.monotonic() < deadline, f"saving {notebook.name} from the browser wrote nothing"
         time.sleep(0.2)
 
