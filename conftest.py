@@ -4,7 +4,7 @@ suite's processes put in the system's temporary folder (job scripts' private fol
 compiler's cache): one folder, removed when the session ends. With ``COURSE_TIME_TABLE=PATH`` the session writes
 where its time went, per test file and notebook, unless PATH exists (``tests/time_table.py`` makes the table): wall
 seconds, and the CPU seconds of the tests and of the processes they started and saw end, which a busier machine
-does not change. On pytest-xdist's workers (``make test``) the files run longest first, as that table measured."""
+changes far less. On pytest-xdist's workers (``make test``) the files run longest first, as that table measured."""
 
 import json
 import os

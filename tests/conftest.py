@@ -44,7 +44,7 @@ def _once_per_run(factory: pytest.TempPathFactory, name: str, make: Callable[[Pa
     with open(folder.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not made.exists():
-            folder.mkdir()
+            folder.mkdir(exist_ok=True)  # a worker before this one may have failed in it: its error comes again here
             result = make(folder)
             made.with_suffix(".partial").write_bytes(pickle.dumps(result))
             made.with_suffix(".partial").rename(made)

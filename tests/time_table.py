@@ -6,7 +6,7 @@
 A file a later session measured alone (a new test file) adds its rows; the wall time is the first one's.
 
 The table keeps, for each file, the tests it ran, the seconds they took (setup, call and teardown, summed), the CPU
-seconds they and the processes they started used (the part a busier machine or more workers do not change) and a
+seconds they and the processes they started used (what a busier machine or more workers change far less) and a
 budget. Budgets are the suite's
 contract: written once here (the first measurement, half again, rounded up to 10 s), changed by hand when a file is
 meant to cost more; ``tests/test_suite_times.py`` holds every file to its budget and every file to having one.
