@@ -51,7 +51,7 @@ def test_the_doctor_beside_a_straggler_says_late_not_lost(tmp_path):
     # Rank 1 sleeps 2 s a batch: rank 0 waits in the all-reduce for all but its few ms of compute, so a majority of
     # five looks finds it there even on a busy machine, and rank 1's step counter moves within the looks' 4 s.
     looked = hangs.beside(lambda: stragglers.run(2, tmp_path / "ranks", slow_rank=1, delay_ms=2000, steps=10),
-                          when_it_breaks.doctor_command(looks=5), training, wait_seconds=120)
+                          when_it_breaks.doctor_command(looks=5), training)
     assert isinstance(looked.outcome, LaunchResult) and looked.outcome.ok, looked.outcome
     screen = looked.found
     assert isinstance(screen, str), "the ranks had finished before the doctor looked"

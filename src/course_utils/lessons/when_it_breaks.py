@@ -105,7 +105,7 @@ def launch_hang(script: Path, *args: str, folder: Path, timeout_seconds: float, 
                       env=env, timeout_seconds=timeout_seconds + LAUNCH_MARGIN_SECONDS)
 
     began = time.perf_counter()
-    looked = hangs.beside(start, look or (lambda launcher: None), _standing(log_dir), wait_seconds=timeout_seconds)
+    looked = hangs.beside(start, look or (lambda launcher: None), _standing(log_dir))
     outcome = looked.outcome
     return Hang(time.perf_counter() - began, outcome if isinstance(outcome, LaunchResult) else None,
                 "" if isinstance(outcome, LaunchResult) else str(outcome), looked.found,

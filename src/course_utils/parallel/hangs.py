@@ -219,11 +219,12 @@ class Looked:
     outcome: object  # the launch's result, or the exception it raised
 
 
-def beside(start: Callable[[], object], look: Callable[[int], object], ready: Callable[[], bool],
-           wait_seconds: float = 60.0) -> Looked:
+def beside(start: Callable[[], object], look: Callable[[int], object], ready: Callable[[], bool]) -> Looked:
     """Run ``start`` (a blocking torchrun launch with its own time limit) in a thread; once ``ready()`` says the
-    ranks stand where the lesson wants them (within ``wait_seconds``), call ``look`` with the launcher's pid, as a
-    learner runs a tool in a second terminal; then wait for the launch to end, by itself or by its limit."""
+    ranks stand where the lesson wants them, call ``look`` with the launcher's pid, as a learner runs a tool in a
+    second terminal; then wait for the launch to end, by itself or by its limit. A launch that ends before it is
+    ready is not looked at: its ranks were still starting (a busy machine) or had failed, not where the lesson
+    wants them, and only the launch's limit bounds how long a start-up may take."""
     outcome: list[object] = []
 
     def run() -> None:
@@ -235,8 +236,7 @@ def beside(start: Callable[[], object], look: Callable[[int], object], ready: Ca
     thread = threading.Thread(target=run, daemon=True)
     before = {process.pid for process in launchers(os.getpid())}
     thread.start()
-    deadline = time.monotonic() + wait_seconds
-    while thread.is_alive() and not ready() and time.monotonic() < deadline:
+    while thread.is_alive() and not ready():
         time.sleep(0.2)
     ours = [process.pid for process in launchers(os.getpid()) if process.pid not in before]
     found = look(ours[0]) if ours and thread.is_alive() else None
