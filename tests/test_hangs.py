@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from course_utils.lessons import when_it_breaks
 from course_utils.lessons.exercises import Check
 from course_utils.lessons.script_series import shipped_script
 from course_utils.parallel import hangs, launched_processes
+from course_utils.parallel.launch import torchrun_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -266,3 +268,29 @@ def test_the_doctor_shows_the_gpus_the_jobs_ranks_were_given_not_the_whole_share
     assert doctor.job_gpus([{"CUDA_VISIBLE_DEVICES": "0"}, {}]) is None  # one rank sees them all
     shown, line = doctor.the_jobs(node, ({9}, "CUDA_VISIBLE_DEVICES"))
     assert shown == node and "which the monitor does not list" in line
+
+
+SLEEPER = """import time
+time.sleep(120)
+"""
+
+
+def test_without_pid_the_doctor_lists_each_job_with_what_it_runs_and_with_none_names_the_node(tmp_path):
+    """Two torchrun jobs of this test's own (other jobs of the same user may run beside them: each is listed)."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    jobs = [subprocess.Popen(torchrun_command(1, str(tmp_path / "sleeper.py"), (f"--job={job}",), tmp_path / f"l{job}"),
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for job in (1, 2)]
+    try:
+        with pytest.raises(SystemExit) as refused:
+            doctor.find_job(None)
+        said = str(refused.value)
+        assert "torchrun jobs of yours run on this node; name one with --pid" in said, said
+        for job in (1, 2):
+            assert f"torchrun pid {jobs[job - 1].pid}: sleeper.py --job={job}" in said, said
+    finally:
+        for job in jobs:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    none = doctor.not_one_job([])
+    assert f"no torchrun job of yours runs on this node ({socket.gethostname()})" in none and "srun --overlap" in none

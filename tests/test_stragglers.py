@@ -7,7 +7,7 @@ import pytest
 
 from course_utils.lessons import stragglers, when_it_breaks
 from course_utils.parallel import hangs
-from course_utils.parallel.launch import LaunchResult
+from course_utils.parallel.launch import LaunchResult, last_lines, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # torchrun and two gloo ranks in every test
 
@@ -56,5 +56,43 @@ def test_the_doctor_beside_a_straggler_says_late_not_lost(tmp_path):
     screen = looked.found
     assert isinstance(screen, str), "the ranks had finished before the doctor looked"
     assert "rank 1 " in screen and "in no collective" in screen and "in 5 looks" in screen, screen
+    assert "rank(s) 1 move between looks while the others wait in all_reduce" in screen, screen
+    assert "never reached" not in screen, screen
+
+
+MODULE_LEVEL_STRAGGLER = """import sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank = dist.get_rank()
+model = torch.nn.Linear(100, 10)
+for step in range(int(sys.argv[1])):  # at the top level, as the course's scripts: the step counter is a global
+    if rank == 1:
+        time.sleep(2.0)  # its loader, slow
+    model(torch.randn(32, 100)).sum().backward()
+    for parameter in model.parameters():
+        dist.all_reduce(parameter.grad)
+    print(f"rank {rank} step {step}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_the_doctor_beside_a_straggler_whose_loop_is_at_the_scripts_top_level_says_late_not_lost(tmp_path):
+    """py-spy prints a function's locals but not a module's globals: at every look rank 1 shows the same stack (its
+    sleep) and rank 0 the same (the all-reduce). What moves is what each rank sends its peer between the looks."""
+    script, logs = tmp_path / "straggler.py", tmp_path / "logs"
+    script.write_text(MODULE_LEVEL_STRAGGLER)
+
+    def stepping() -> bool:  # both ranks have finished a step: past their start-up
+        return sum(" step " in line for line in last_lines(logs).values()) == 2
+
+    looked = hangs.beside(lambda: launch(2, str(script), "8", log_dir=logs, echo=False, timeout_seconds=180),
+                          when_it_breaks.doctor_command(looks=3), stepping)
+    assert isinstance(looked.outcome, LaunchResult) and looked.outcome.ok, looked.outcome
+    screen = looked.found
+    assert isinstance(screen, str), "the ranks had finished before the doctor looked"
+    assert "rank 1 " in screen and "in no collective, at straggler.py:10" in screen, screen
+    assert "the same stack in 3 looks" in screen and "bytes written between them" in screen, screen
     assert "rank(s) 1 move between looks while the others wait in all_reduce" in screen, screen
     assert "never reached" not in screen, screen

@@ -12,9 +12,14 @@ stops or signals the job.
 
 One look cannot tell a stuck rank from a slow one: a straggler whose loader sleeps most of each step stands at
 the same line as a rank that never leaves it. So the doctor looks several times (``--looks``), with each frame's
-local variables: a rank whose stack or locals (its step counter) change between looks moves; one that shows the
-same every time stands still. A rank whose process has gone between looks ended: the doctor says so, and that
-the job ended when all did.
+local variables: a rank whose stack or locals (its step counter) change between looks moves. A loop at a script's
+top level (as the course's scripts are written) keeps its counter in the module's globals, which py-spy does not
+print; there the doctor reads what the process wrote between its first and last look: a rank that finishes a
+collective over gloo writes to its peers' sockets (and a rank that prints writes too), one that stands still
+writes nothing. NCCL and RCCL move a collective's data between the GPUs, outside the process's count: on GPUs a
+top-level straggler that prints nothing between looks still reads as standing still. A rank that shows neither
+stands still. A rank whose process has gone between looks ended: the
+doctor says so, and that the job ended when all did.
 
 The doctor ends within ``--within`` seconds whatever it meets: the looks stop at their share of that time, the log
 is read for what is left (a log of gigabytes is read in part, and the screen says how much), and a step that
@@ -27,6 +32,7 @@ import argparse
 import math
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -54,6 +60,7 @@ LOOK_EVERY_SECONDS = 1.0
 WITHIN_SECONDS = 90.0  # the whole run's bound (notebook 12 waits 120 s for the doctor)
 LOOK_SHARE = 0.6  # of that bound, the looks' share; the devices and the log have the rest
 GIVE_UP_GRACE_SECONDS = 15.0  # past the bound, a step that has not returned is given up
+JOB_LINE_CHARACTERS = 100  # of a listed job's command
 
 
 @dataclass
@@ -68,6 +75,7 @@ class RankLook:
     script_line: str = ""  # the innermost frame outside PyTorch: the learner's own line
     looks: int = 1  # how many of its stacks were read
     places: int = 1  # how many of them differ (frames and locals): more than one, it moves
+    wrote: int | None = None  # bytes its process wrote between its first and last look (None: not read)
     ended: bool = False  # its process had gone by the last look
 
     @property
@@ -77,7 +85,7 @@ class RankLook:
 
     @property
     def moving(self) -> bool:
-        return self.places > 1 and not self.ended
+        return (self.places > 1 or bool(self.wrote)) and not self.ended
 
     def line(self) -> str:
         busy = "?" if self.cpu_percent is None else f"{self.cpu_percent:.0f}%"
@@ -87,9 +95,11 @@ class RankLook:
         if self.ended:
             last = f"; last seen {where}{at}" if self.read else ""
             return f"rank {self.rank} (pid {self.pid}): ended while the doctor looked{last}"
-        seen = ("" if self.looks < 2 or not self.read else
-                f"; moving ({self.places} different stacks in {self.looks} looks)" if self.moving
-                else f"; still (the same stack at all {self.looks} looks)")
+        stacks = f"{self.places} different stacks" if self.places > 1 else "the same stack"
+        stacks += f" in {self.looks} looks"
+        wrote = f", {self.wrote:,} bytes written between them" if self.wrote else ""
+        seen = ("" if self.looks < 2 or not self.read else f"; moving ({stacks}{wrote})" if self.moving
+                else f"; still (the same stack at all {self.looks} looks, nothing written)")
         return f"rank {self.rank} (pid {self.pid}, CPU {busy}): {where}{at}{seen}"
 
 
@@ -160,10 +170,11 @@ def read_stack(rank: int, pid: int, stack: str, cpu_percent: float | None) -> Ra
     return RankLook(rank, pid, cpu_percent, stack, collective, script)
 
 
-def read_looks(rank: int, pid: int, stacks: list[str], cpu_percent: float | None, ended: bool = False) -> RankLook:
+def read_looks(rank: int, pid: int, stacks: list[str], cpu_percent: float | None, ended: bool = False,
+               wrote: int | None = None) -> RankLook:
     """Where one rank stands over several looks: the collective it was in at most of them (a rank caught on its
-    way into a collective is still waiting there), and whether it moved between them; ``ended``: its process had
-    gone by the last look."""
+    way into a collective is still waiting there), and whether it moved between them (its stacks differ, or its
+    process ``wrote`` bytes between the first and last look); ``ended``: its process had gone by the last look."""
     readable = [stack for stack in stacks if _frames(stack)]
     if not readable:
         look = read_stack(rank, pid, stacks[-1] if stacks else "", cpu_percent)
@@ -176,7 +187,7 @@ def read_looks(rank: int, pid: int, stacks: list[str], cpu_percent: float | None
     shown = next(look for look in reversed(looks) if bool(look.collective) == bool(collective))
     places = len({tuple(_main_thread(stack)) for stack in readable})
     return RankLook(rank, pid, cpu_percent, shown.stack, shown.collective, shown.script_line, len(readable), places,
-                    ended)
+                    wrote if len(readable) > 1 else None, ended)
 
 
 def _processes(pids: list[int]) -> dict[int, psutil.Process]:
@@ -197,6 +208,18 @@ def _gone(process: psutil.Process) -> bool:
         return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
     except psutil.Error:
         return True
+
+
+def _written(processes: dict[int, psutil.Process]) -> dict[int, int]:
+    """Bytes each process has written so far (to files, pipes and sockets: ``/proc/PID/io``'s wchar); a process
+    whose counters cannot be read is left out."""
+    found = {}
+    for pid, process in processes.items():
+        try:
+            found[pid] = process.io_counters().write_chars
+        except (psutil.Error, AttributeError):  # gone, not readable, or a system without the counters
+            continue
+    return found
 
 
 def _cpu_percents(processes: dict[int, psutil.Process]) -> dict[int, float | None]:
@@ -355,10 +378,12 @@ def _job(launcher: int) -> tuple[str, dict[int, int]]:
 
 
 def _look(pids: dict[int, int], processes: dict[int, psutil.Process], looks: int, every_seconds: float,
-          stack_seconds: float, until: float) -> tuple[dict[int, list[str]], set[int], int]:
+          stack_seconds: float, until: float) -> tuple[dict[int, list[str]], set[int], int, dict[int, int]]:
     """Read each rank's stack ``looks`` times, ``every_seconds`` apart, before ``until`` (a time.monotonic()); a
-    rank whose process has gone is not read again. The stacks, the pids gone, and how many looks were made."""
+    rank whose process has gone is not read again. The stacks, the pids gone, how many looks were made, and the
+    bytes each process wrote from the first look to the last."""
     stacks: dict[int, list[str]] = {rank: [] for rank in pids}
+    first = _written(processes)
     gone = {pid for pid in pids.values() if pid not in processes}
     made = 0
     for look in range(looks):
@@ -371,7 +396,8 @@ def _look(pids: dict[int, int], processes: dict[int, psutil.Process], looks: int
                 stacks[rank].append(hangs.python_stack(pid, min(stack_seconds, left), with_locals=looks > 1))
         gone |= {pid for pid, process in processes.items() if _gone(process)}
         made += 1
-    return stacks, gone, made
+    last = _written(processes)
+    return stacks, gone, made, {pid: last[pid] - first[pid] for pid in first.keys() & last.keys()}
 
 
 def _diagnosis(log: Path | None, seconds: float) -> tuple[comm_failures.Diagnosis | None, str]:
@@ -394,11 +420,13 @@ def examine(launcher: int, log: Path | None = None, stack_seconds: float = hangs
     began = time.monotonic()
     job, pids = _job(launcher)
     processes = _processes(list(pids.values()))
-    stacks, gone, made = _look(pids, processes, looks, every_seconds, stack_seconds, began + LOOK_SHARE * within)
+    stacks, gone, made, wrote = _look(pids, processes, looks, every_seconds, stack_seconds,
+                                      began + LOOK_SHARE * within)
     time.sleep(max(0.0, CPU_SAMPLE_SECONDS - (time.monotonic() - began)))
     cpu = _cpu_percents(processes)
     gone |= {pid for pid, process in processes.items() if _gone(process)}
-    ranks = [read_looks(rank, pid, stacks[rank], cpu.get(pid), pid in gone) for rank, pid in pids.items()]
+    ranks = [read_looks(rank, pid, stacks[rank], cpu.get(pid), pid in gone, wrote.get(pid))
+             for rank, pid in pids.items()]
     bound = (f"looks: {made} of {looks}, cut short by the doctor's bound (--within {within:g} s)"
              if made < looks and not set(pids.values()) <= gone else "")
     devices, kind = _devices()
@@ -422,6 +450,32 @@ def _not_yours(process: psutil.Process) -> str | None:
         return "another user"
 
 
+def _runs(process: psutil.Process) -> str:
+    """What a torchrun job runs, from its launcher's command line: the script (or module) and its arguments."""
+    try:
+        words = process.cmdline()
+    except psutil.Error:
+        return "(ended)"
+    for index, word in enumerate(words[1:], 1):
+        if word.endswith(".py") or (words[index - 1] == "-m" and word not in hangs.TORCHRUN):
+            arguments = words[index + 1:]
+            shown = " ".join([Path(word).name, *(arguments[1:] if arguments[:1] == ["--"] else arguments)])
+            return shown if len(shown) <= JOB_LINE_CHARACTERS else shown[:JOB_LINE_CHARACTERS - 3] + "..."
+    return " ".join(words)[:JOB_LINE_CHARACTERS]
+
+
+def not_one_job(found: list[psutil.Process]) -> str:
+    """Why the doctor needs ``--pid``: no torchrun job of this user's on this node (where a cluster's job is not:
+    its ranks run on the job's compute nodes), or several, each listed with what it runs."""
+    if not found:
+        return (f"doctor: no torchrun job of yours runs on this node ({socket.gethostname()}). A cluster's job runs "
+                "on its compute nodes: run the doctor there, beside the job (srun --overlap --jobid JOB --pty python "
+                "-m course_utils.doctor); a job started by srun without torchrun: name a task's pid with --pid")
+    listed = "\n".join(f"  torchrun pid {process.pid}: {_runs(process)}" for process in found)
+    return (f"doctor: {len(found)} torchrun jobs of yours run on this node; name one with --pid (torchrun's, or any "
+            f"rank's):\n{listed}")
+
+
 def find_job(pid: int | None) -> int:
     """The pid that stands for the job to examine: a torchrun launcher (``pid`` itself, or the one above a rank's
     ``pid``, or this user's only torchrun job), or a task of a Slurm step (``pid``, started by srun without
@@ -429,9 +483,7 @@ def find_job(pid: int | None) -> int:
     if pid is None:
         found = hangs.launchers()
         if len(found) != 1:
-            listed = ", ".join(str(process.pid) for process in found) or "none"
-            raise SystemExit(f"doctor: {len(found)} torchrun jobs of yours are running ({listed}); name one with "
-                             "--pid (torchrun's, or any rank's: a Slurm step's task too)")
+            raise SystemExit(not_one_job(found))
         return found[0].pid
     try:
         process = psutil.Process(pid)
