@@ -71,6 +71,7 @@ def test_the_solution_does_what_the_exercise_asks_and_the_committed_cell_does_no
 # each edit made as text, run, and its function given to the check. SOLUTION stands for the collapsed solution.
 SOLUTION_EDIT = "solution"
 ZERO_GRAD = "    optimizer.zero_grad(set_to_none=True)\n"
+STEP_FIRST = ("    loss.backward()\n    optimizer.step()\n", "    optimizer.step()\n    loss.backward()\n")
 SCALED_BACKWARD = "    scaler.scale(loss).backward()\n"
 UNSCALED_RETURN = "    return [parameter.grad / scaler.get_scale() for parameter in model.parameters()]"
 PLAIN_RETURN = "    return [parameter.grad for parameter in model.parameters()]"
@@ -107,6 +108,8 @@ EDITS = [
     ("01", [("    loss.backward()\n", "")], False, "never calls `loss.backward()`"),
     ("01", [(ZERO_GRAD, ""), ("    optimizer.step()\n", "    optimizer.step()\n" + ZERO_GRAD)], False,
      "clears the gradients after `optimizer.step()`"),
+    ("01", [STEP_FIRST], False, "calls `optimizer.step()` before `loss.backward()` (40 of 40"),
+    ("01", [(ZERO_GRAD, ""), STEP_FIRST], False, "changed in place the weights backward still needed"),
     ("01", [(ZERO_GRAD, ZERO_GRAD + "    optimizer.param_groups[0]['lr'] = 0.1\n")], False, "something else changed"),
     ("01", [(ZERO_GRAD, ""), ("    loss.backward()\n", "    (2 * loss).backward()\n")], False,
      "something else changed"),

@@ -146,6 +146,7 @@ class _Trained:
     backwards: int = 0
     updates: int = 0
     updates_without_gradients: int = 0
+    updates_before_backward: int = 0  # updates that came before the step's backward: each on an earlier gradient
     cleared_after_update: int = 0
 
 
@@ -161,11 +162,14 @@ def _train(step: Step, steps: int = CHECK_STEPS) -> _Trained:
     def counted_update(*_: object) -> None:
         trained.updates += 1
         trained.updates_without_gradients += all(p.grad is None or not p.grad.any() for p in model.parameters())
+        trained.updates_before_backward += trained.backwards == backwards_before_step
+
 
     first.register_post_accumulate_grad_hook(counted_backward)
     optimizer.register_step_pre_hook(counted_update)
     batches = fixed_batches(4, classes=10)
     for i in range(steps):
+        backwards_before_step = trained.backwards
         loss = step(model, optimizer, *batches[i % len(batches)])
         trained.losses.append(_loss(loss))
         trained.cleared_after_update += first.grad is None or not first.grad.any()
@@ -206,7 +210,17 @@ def check_zero_grad(step: Step, steps: int = CHECK_STEPS) -> Check:
     the learner's weights must equal one placement's exactly, and only the two moved placements are done.
     What the check sees inside the step (backward passes, updates, the gradients each update finds) names a
     wrong edit: no update at all, zero_grad moved after the update, or another change besides zero_grad."""
-    mine, references = _train(step, steps), _references(steps)
+    try:
+        mine = _train(step, steps)
+    except RuntimeError as error:
+        said = str(error).splitlines()[0]
+        if "modified by an inplace operation" in said:
+            return Check(False, "your step failed: `optimizer.step()` ran between the forward pass and "
+                                "`loss.backward()`, and changed in place the weights backward still needed "
+                                f"(PyTorch: \"{said[:120]}...\"). Put `optimizer.step()` back after `backward()` and "
+                                "move only the `zero_grad` line.")
+        return Check(False, f"your step failed: {type(error).__name__}: {said}")
+    references = _references(steps)
     losses = _losses(mine, references["clears"])
     only_zero_grad = "Start again from the cell's code and move only the `zero_grad` line."
     if mine.updates == 0:
@@ -217,6 +231,12 @@ def check_zero_grad(step: Step, steps: int = CHECK_STEPS) -> Check:
         return Check(False, "nothing was updated: your step never calls `loss.backward()`, so the optimizer found "
                             f"no gradients. Put `loss.backward()` back and move only the `zero_grad` line. {losses}")
     matched = next((order for order in PLACEMENTS if _same(mine.model, references[order].model)), None)
+    if mine.updates_before_backward:
+        early = mine.updates_before_backward
+        return Check(False, f"your step calls `optimizer.step()` before `loss.backward()` ({early} of "
+                            f"{mine.updates} updates came before their step's backward): each update uses the "
+                            "gradients left from before, or none. Put `optimizer.step()` back after `backward()` and "
+                            f"move only the `zero_grad` line. {losses}")
     if matched == "clears" and mine.cleared_after_update == steps:
         return Check(False, "your step clears the gradients after `optimizer.step()`: the next backward still "
                             "starts from zero, so it trains exactly as `step` does. Leave `zero_grad` out, or put "
