@@ -96,6 +96,7 @@ def test_another_seed_without_set_epoch_is_not_yet(ddp_check):
 FSDP_SCRIPT = shipped_script("09_sharding_and_memory.ipynb", "fsdp_minimal.py")
 BLOCKS = "blocks_to_shard = models.blocks(model)\n"
 FIRST_ALONE = (BLOCKS, "blocks_to_shard = models.blocks(model)[:1]\n")
+OPTIMIZER = "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # two moments per parameter, sharded too\n"
 
 
 @pytest.fixture
@@ -137,7 +138,8 @@ def test_the_script_as_it_was_is_not_yet_without_telling_to_do_what_was_done(fsd
     ([(BLOCKS, "blocks_to_shard = []\n")], "one group holds the whole model"),
     ([(BLOCKS, "blocks_to_shard = models.blocks(model)[:2]\n")], "the exercise asks for two"),
     ([FIRST_ALONE, ("fully_shard(model)\n", "")], "some layers are in no group"),
-], ids=["no block alone", "two blocks alone", "root not sharded"])
+    ([FIRST_ALONE, (OPTIMIZER, ""), (FIRST_ALONE[1], OPTIMIZER + FIRST_ALONE[1])], "Built before `fully_shard`"),
+], ids=["no block alone", "two blocks alone", "root not sharded", "optimizer before sharding"])
 def test_other_groupings_are_not_yet_and_say_what_the_script_did(fsdp_check, edits, said):
     _not_yet(fsdp_check(_edited(FSDP_SCRIPT, *edits)), said)
 

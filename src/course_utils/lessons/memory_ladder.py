@@ -192,6 +192,13 @@ def judge_fewer_groups(record: dict[str, Any]) -> Check:
     def same(a: Sequence[float], b: Sequence[float]) -> bool:
         return len(a) == len(b) and all(abs(x - y) <= 1e-3 * max(1.0, y) for x, y in zip(a, b))
 
+    if (held["optimizer_state_mib"] < held["parameters_mib"]).any():
+        return Check(False, f"a rank keeps {held['optimizer_state_mib'].min():.2f} MiB of optimizer state for its "
+                            f"{held['parameters_mib'].min():.2f} MiB of parameters, where AdamW keeps two moments "
+                            "per parameter (twice as much): the optimizer holds other tensors than the model's. Built "
+                            "before `fully_shard`, it keeps the parameters that sharding replaced, which get no "
+                            "gradients, and the model never trains. Build the optimizer after the last "
+                            "`fully_shard(model)`.")
     if held["parameters_mib"].max() > whole / world * SHARD_SLACK:
         return Check(False, f"a rank keeps {held['parameters_mib'].max():.2f} MiB of the model's {whole:.2f} MiB "
                             f"of parameters, more than 1/{world}: some layers are in no group and stay whole on every "
