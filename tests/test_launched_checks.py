@@ -91,6 +91,16 @@ def test_another_seed_without_set_epoch_is_not_yet(ddp_check):
     _not_yet(ddp_check(_edited(DDP_SCRIPT, (SET_EPOCH, ""), ("seed=0", "seed=1"))), "not with the order seed 0")
 
 
+@pytest.mark.parametrize("edit, said", [
+    (("sampler=sampler, drop_last=True", "shuffle=True, drop_last=True"), "the loader draws from another sampler"),
+    (("model = DDP(models.build(args.model).to(device), device_ids=[device.index] if device.type == \"cuda\" else "
+      "None)", "model = models.build(args.model).to(device)"), "each trained a model of its own"),
+], ids=["sampler left out of the loader", "DDP wrap left out"])
+def test_set_epoch_removed_with_another_part_of_ddp_undone_is_not_yet(ddp_check, edit, said):
+    """The order the sampler would give is not the result: the loader's draws and the ranks' weights are."""
+    _not_yet(ddp_check(_edited(DDP_SCRIPT, (SET_EPOCH, ""), edit)), said)
+
+
 # --- 09: fewer, larger groups ----------------------------------------------------------------------------
 
 FSDP_SCRIPT = shipped_script("09_sharding_and_memory.ipynb", "fsdp_minimal.py")

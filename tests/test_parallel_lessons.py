@@ -70,6 +70,12 @@ def test_the_set_epoch_judgement_compares_every_epoch_with_the_samplers_own_orde
     assert "not with the order seed 0" in ddp.judge_set_epoch_removed(_record([epoch1] * 3)).text
     assert "not those `set_epoch(epoch)` gives" in ddp.judge_set_epoch_removed(_record([epoch0, epoch0, epoch1])).text
     assert "too few to compare" in ddp.judge_set_epoch_removed(_record([epoch0])).text
+    outside = [order for order in ([1, 3, 5, 7, 9, 11], [0, 2, 4, 6, 8, 10]) if not set(order) <= set(
+        ddp.sampler_order(256, 2, 0, 128))][0]  # not all in rank 0's share at epoch 0: drawn from the whole set
+    assert "draws from another sampler" in ddp.judge_set_epoch_removed(_record([outside, epoch0, epoch0])).text
+    apart = {**_record([epoch0] * 3), "weights_sums": [1.5, 1.25]}
+    assert "each trained a model of its own" in ddp.judge_set_epoch_removed(apart).text
+    assert ddp.judge_set_epoch_removed({**_record([epoch0] * 3), "weights_sums": [1.5, 1.5]}).done
 
 
 def test_a_missing_record_names_the_cell_that_writes_it(tmp_path):

@@ -1,9 +1,10 @@
 """Notebook 07: the learner's own DDP script beside the course's command, and DDP's experiments and answers.
 
 The notebook writes a minimal DDP script from a cell and launches it with torchrun; rank 0 writes what
-it saw (every epoch's first samples and every iteration's time) to a JSON file, which the functions
-here read: whether every epoch began with the order the sampler gives without ``set_epoch`` (the
-exercise, judged against ``DistributedSampler`` itself), and whether the script and the course's
+it saw (every epoch's first samples as the loader draws them, every iteration's time, every rank's weights
+summed) to a JSON file, which the functions here read: whether every epoch began with the order the sampler
+gives without ``set_epoch`` and the ranks kept one model (the exercise, judged against ``DistributedSampler``
+itself), and whether the script and the course's
 command ran at the same speed (:mod:`course_utils.observe.noise`).
 The rest trains for real: DDP against one large batch, DDP's knobs, its communication, a preempted run.
 """
@@ -52,8 +53,8 @@ WARMUP_STEPS = 2  # the first iterations of a run build caches and buffers: left
 
 
 def read_record(path: str | Path) -> dict[str, Any]:
-    """What rank 0 of the learner's script wrote: world size, device, and per epoch its first samples and
-    iteration times. A missing file says which cell writes it."""
+    """What rank 0 of the learner's script wrote: world size, device, per epoch its first samples and
+    iteration times, and every rank's weights summed. A missing file says which cell writes it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is not there: run the cell that launches the script (with --out {path})")
@@ -69,13 +70,27 @@ def sampler_order(samples: int, world: int, epoch: int, count: int, shuffle: boo
 
 
 def judge_set_epoch_removed(record: dict[str, Any]) -> Check:
-    """With ``set_epoch`` taken out, every epoch must begin with the order the sampler shuffles at epoch 0;
-    any other orders name what the script that ran did instead."""
+    """With ``set_epoch`` taken out, every epoch must begin with the order the sampler shuffles at epoch 0,
+    drawn by the loader from rank 0's share, and every rank must end with the same weights; any other orders or
+    weights name what the script that ran did instead."""
     seen = [epoch["first_samples"] for epoch in record["epochs"]]
     if len(seen) < 2:
         return Check(False, f"the run had {len(seen)} epoch(s), too few to compare: keep the script's loop over "
                             "`range(args.epochs)`; the check launches it with --epochs 3.")
     samples, world, count = record["samples"], record["world_size"], len(seen[0])
+    sums = record.get("weights_sums", [])
+    if len(set(sums)) > 1:
+        return Check(False, f"the ranks ended with different weights (their sums: "
+                            f"{', '.join(f'{value:.6g}' for value in sums)}): each trained a model of its own on its "
+                            "share of the data. Keep the DDP wrap (`model = DDP(...)`): it averages the gradients, "
+                            "so every rank takes the same step. Then take out only `set_epoch`.")
+    shares = [set(sampler_order(samples, world, epoch, samples, shuffle)) for epoch in range(len(seen))
+              for shuffle in (True, False)]
+    if not all(any(set(order) <= share for share in shares) for order in seen):
+        return Check(False, f"rank 0's first samples ({', '.join(map(str, seen))}) are not all in its share of the "
+                            "DistributedSampler: the loader draws from another sampler (`shuffle=True` in the "
+                            "DataLoader instead of `sampler=sampler`?), and every rank sees the whole data set. "
+                            "Give the DataLoader `sampler=sampler` and take out only `set_epoch`.")
     asked = sampler_order(samples, world, 0, count)
     with_set_epoch = [sampler_order(samples, world, epoch, count) for epoch in range(len(seen))]
     if seen == [asked] * len(seen):
