@@ -1,6 +1,7 @@
 """The answers and checks of notebooks 06-09 on noisy and contradictory measurements, and the exercise cells."""
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -294,3 +295,18 @@ def test_rows_measured_on_cpu_ranks_say_so_wherever_they_ran():
                                                    "figures")
     assert "a machine without GPUs" in parallel_shape(gpus=0).rows_label()
     assert parallel_shape(gpus=4).rows_label() == "4 GPUs, one rank each"
+
+
+def test_each_speed_ratio_is_the_ratio_of_the_figures_printed_beside_it():
+    """The seen case: "427 images/s against one device's 229 ... 1.95x" (the figures were the runs' overall
+    rates, the ratio the median steps'). Here the overall rates differ from the medians on purpose."""
+    modes = _modes(100, 190).assign(images_per_second=[111.0, 170.0])
+    line = ddp.ddp_answer(modes).splitlines()[0]
+    patterns = (r"\*\*(\d+)\*\* images/s", r"one device's (\d+)")
+    figures = [float(re.search(pattern, line).group(1)) for pattern in patterns]
+    ratio = float(re.search(r"\*\*(\d+\.\d+)x\*\*", line).group(1))
+    assert figures == [190.0, 100.0] and round(figures[0] / figures[1], 2) == ratio, line
+    knobs = pd.DataFrame([{"setting": "defaults", "images_per_second": 90.0, "measured": _measured(100.0, 0.02)},
+                          {"setting": "1 MB buckets", "images_per_second": 120.0, "measured": _measured(101.0, 0.02)}])
+    said = ddp.knobs_answer(knobs, pd.DataFrame([{"exposed_percent": 5.0}])).splitlines()[1]
+    assert "101 images/s (the median step's) against the defaults' 100: **1.01x**" in said, said

@@ -82,8 +82,10 @@ def dataparallel_answer(modes: pd.DataFrame, gpus: int) -> str:
                       why=f"one process feeding {devices} device(s) does at most {devices}x one device's work")
     if gpus < 2:
         return (f"- This machine has **{gpus} GPU(s)**, so DataParallel had nothing to split: the run measures its "
-                f"wrapper alone, **{dp['images_per_second']:.0f}** images/s against **{one['images_per_second']:.0f}** "
-                f"without it: {speedup.sentence()} On 2 or more GPUs the notebook measures the real thing (on LUMI: a "
+                f"wrapper alone, **{dp['measured'].median:.0f}** images/s (the median step's) against "
+                f"**{one['measured'].median:.0f}** without it: {speedup.sentence()} That ratio is the wrapper's own "
+                "cost or the machine's noise, not a speed-up: one device has nothing to split. On 2 or more GPUs "
+                "the notebook measures the real thing (on LUMI: a "
                 "Jupyter session or job with 2 or more GCDs).")
     if speedup.verdict == DISTURBED:
         return (f"- DataParallel over {devices} GPUs against one GPU: {speedup.sentence()} The single-GPU run was "
@@ -91,8 +93,9 @@ def dataparallel_answer(modes: pd.DataFrame, gpus: int) -> str:
     memory = dp["peak_memory_per_device_mib"]
     others = sum(memory[1:]) / len(memory[1:])
     return "\n".join([
-        f"- DataParallel over **{devices} GPUs** ran at **{dp['images_per_second']:.0f}** images/s against one GPU's "
-        f"{one['images_per_second']:.0f}, where {devices}x would be ideal: {speedup.sentence()}",
+        f"- DataParallel over **{devices} GPUs** ran at **{dp['measured'].median:.0f}** images/s (the median "
+        f"step's) against one GPU's {one['measured'].median:.0f}, where {devices}x would be ideal: "
+        f"{speedup.sentence()}",
         f"- GPU 0 peaked at **{memory[0]:.0f} MiB** against **{others:.0f} MiB** on average on the others "
         f"({memory[0] / others:.2f}x): it holds the master copy of the model, gathers every output, computes the "
         "loss and reduces the gradients, while the others only hold a replica and their slice.",

@@ -164,10 +164,10 @@ def ddp_answer(modes: pd.DataFrame) -> str:
         return (f"- DDP on {devices} ranks against one device: {speedup.sentence()} The single run was slowed by "
                 "something else (other processes on the same cores, a frequency drop, the first run's caches), so "
                 "this table says nothing about DDP.")
-    lines = [f"- DDP on **{devices}** ranks: **{ddp['images_per_second']:.0f}** images/s against one device's "
-             f"{one['images_per_second']:.0f} ({devices}x would be ideal): {speedup.sentence()} Each rank ran "
-             f"{ddp['steps_per_rank'][0]} steps of batch {ddp['global_batch'] // devices}: the single run's work per "
-             f"rank, and {devices}x the images in all."]
+    lines = [f"- DDP on **{devices}** ranks: **{ddp['measured'].median:.0f}** images/s (the median step's) against "
+             f"one device's {one['measured'].median:.0f} ({devices}x would be ideal): {speedup.sentence()} Each rank "
+             f"ran {ddp['steps_per_rank'][0]} steps of batch {ddp['global_batch'] // devices}: the single run's work "
+             f"per rank, and {devices}x the images in all."]
     # A rank does the single run's work plus the all-reduce: alone, one device cannot be slower than a rank.
     cost = compare(one["measured"], ddp["measured"].scaled(1 / devices), bound=(1, math.inf),
                    why="a DDP rank does the single run's work plus the all-reduce")
@@ -354,8 +354,8 @@ def knobs_answer(knobs: pd.DataFrame, communication: pd.DataFrame) -> str:
     for row in knobs.iloc[1:].itertuples():
         gain = compare(row.measured, base["measured"], bound=(0, most),
                        why=f"{100 * exposed:.1f} % of the step was exposed communication")
-        lines.append(f"- **{row.setting}**: {row.images_per_second:.0f} images/s against the defaults' "
-                     f"{base['images_per_second']:.0f}: {gain.sentence()}")
+        lines.append(f"- **{row.setting}**: {row.measured.median:.0f} images/s (the median step's) against the "
+                     f"defaults' {base['measured'].median:.0f}: {gain.sentence()}")
     lines.append("- The knobs matter when communication is expensive: many small buckets cost latency, huge ones start "
                  "the all-reduce late; bucket views save a copy of every gradient; accumulation all-reduces once per N "
                  "batches.")

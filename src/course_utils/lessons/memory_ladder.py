@@ -254,9 +254,10 @@ def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:
         "model. Activation checkpointing cut them to "
         f"**{recomputed['activations_mib']:.1f} MiB** ({recomputed['activations_mib'] / fsdp['activations_mib']:.0%}) "
         "by running every block's forward pass again in the backward pass, about a third more compute: "
-        f"**{recomputed['images_per_second']:.0f}** images/s against **{fsdp['images_per_second']:.0f}**: "
+        f"**{recomputed['measured'].median:.0f}** images/s against **{fsdp['measured'].median:.0f}** (median steps): "
         f"{recompute.sentence()}",
-        f"- FSDP ran at **{fsdp['images_per_second']:.0f}** images/s against DDP's **{ddp['images_per_second']:.0f}**: "
+        f"- FSDP ran at **{fsdp['measured'].median:.0f}** images/s against DDP's **{ddp['measured'].median:.0f}** "
+        "(median steps): "
         f"{sharding.sentence()} Per step it all-gathers every block's parameters twice (forward and backward) and "
         "reduce-scatters the gradients, about 1.5 times the bytes of DDP's all-reduce; what that costs depends on "
         "how much of it hides behind the computation, which GPUs show (the table of GPU rows below, once recorded).",

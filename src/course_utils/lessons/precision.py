@@ -297,7 +297,7 @@ def progression_answer(table: pd.DataFrame) -> str:
         if base is None:
             continue
         gain = compare(_rate(current), _rate(base))
-        lines.append(f"- **{current['stage']}** ({current['images_per_second']:.0f} images/s, "
+        lines.append(f"- **{current['stage']}** ({_rate(current).median:.0f} images/s, "
                      f"{spread_text(_rate(current))}) against **{base['stage']}**: {gain.sentence()}")
     for row in table[table["status"] != "ok"].itertuples():
         lines.append(f"- **{row.stage}**: {row.status}.")
