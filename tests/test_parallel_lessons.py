@@ -310,3 +310,18 @@ def test_each_speed_ratio_is_the_ratio_of_the_figures_printed_beside_it():
                           {"setting": "1 MB buckets", "images_per_second": 120.0, "measured": _measured(101.0, 0.02)}])
     said = ddp.knobs_answer(knobs, pd.DataFrame([{"exposed_percent": 5.0}])).splitlines()[1]
     assert "101 images/s (the median step's) against the defaults' 100: **1.01x**" in said, said
+
+
+def test_ddp_equals_the_large_batch_within_a_hundredth_of_the_controls_difference():
+    """The seen case: GroupNorm, 2 ranks x 16 against batch 32, 3.16e-05 apart after 8 steps, called "different"
+    by a fixed rtol of 1e-5, while halving the batch (the control) moved the weights by 5.7e-02. BatchNorm: the
+    ranks' own statistics make a real difference, 6.6e-02 against the control's 3.7e-01 (runs of notebook 07)."""
+    def apart(value: float) -> dict[str, float]:
+        return {"max_abs_difference": value, "relative_to_largest_weight": value}
+
+    table = pd.DataFrame(ddp.equivalence_rows("small_cnn_gn", 2, 16, apart(3.16e-5), apart(5.7e-2))
+                         + ddp.equivalence_rows("small_cnn", 2, 16, apart(6.6e-2), apart(3.7e-1)))
+    lines = ddp.equivalence_answer(table).splitlines()
+    assert "5.5e-04 of the control's difference: **the same training**" in lines[0], lines[0]
+    assert "the yardstick for the row above" in lines[1] and "(the control)" in lines[1], lines[1]
+    assert "1.8e-01 of the control's difference: **different**" in lines[2], lines[2]

@@ -201,12 +201,14 @@ def _difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[
     floats = [name for name in a if a[name].is_floating_point()]
     absolute = max((a[n] - b[n]).abs().max().item() for n in floats)
     scale = max(b[n].abs().max().item() for n in floats)
-    agree = all(torch.allclose(a[n], b[n], rtol=1e-5, atol=1e-6) for n in floats)
-    return {"max_abs_difference": absolute, "relative_to_largest_weight": absolute / scale, "agree": agree}
+    return {"max_abs_difference": absolute, "relative_to_largest_weight": absolute / scale}
 
 
 def _weights(out: Path) -> dict[str, torch.Tensor]:
     return checkpoint.load(RunFolder(out).last_checkpoint)["model"]
+
+
+ROUNDING_SHARE = 0.01  # of the control's difference: below it, two trainings differ by float rounding only
 
 
 def ddp_equals_large_batch(models: Sequence[str] = ("small_cnn_gn", "small_cnn"), nproc: int | None = None,
@@ -214,6 +216,11 @@ def ddp_equals_large_batch(models: Sequence[str] = ("small_cnn_gn", "small_cnn")
                            **options: Any) -> pd.DataFrame:
     """Parameters after ``steps`` steps: DDP on ``nproc`` ranks at ``batch`` each against one process
     at ``nproc * batch``, and against one process at ``batch`` (a different training, as a control).
+
+    "Equal" is measured against the control, not a fixed tolerance: float32 sums in another order (a rank's
+    share, then the all-reduce) drift apart by 1e-7 to 1e-4 of the weights over a few steps, depending on the
+    device and the step count, while a real change of the training (the control: half the batch) moves them by
+    percents. Below :data:`ROUNDING_SHARE` of the control's difference, the two trainings are the same.
 
     Augmentation is off so that both see the same pixels; the shared sampler order (see
     :func:`course_utils.data.shard_sampler`) makes the images of each step the same set.
@@ -230,11 +237,21 @@ def ddp_equals_large_batch(models: Sequence[str] = ("small_cnn_gn", "small_cnn")
         train(**common, model=model, batch_size=batch * nproc, out=out / f"{model}-large")
         train(**common, model=model, batch_size=batch, out=out / f"{model}-small")
         ddp = _weights(out / f"{model}-ddp")
-        for other, label in ((f"{model}-large", f"one process, batch {batch * nproc}"),
-                             (f"{model}-small", f"one process, batch {batch}")):
-            rows.append({"model": model, "ddp": f"{nproc} ranks x batch {batch}", "compared_with": label,
-                         **_difference(ddp, _weights(out / other))})
+        large, control = (_difference(ddp, _weights(out / f"{model}-{kind}")) for kind in ("large", "small"))
+        rows += equivalence_rows(model, nproc, batch, large, control)
     return pd.DataFrame(rows)
+
+
+def equivalence_rows(model: str, nproc: int, batch: int, large: dict[str, float],
+                     control: dict[str, float]) -> list[dict[str, Any]]:
+    """The table's two rows of one model: DDP against the large batch, judged by its share of the control's
+    difference, and DDP against the control itself."""
+    share = large["max_abs_difference"] / control["max_abs_difference"]
+    ddp = f"{nproc} ranks x batch {batch}"
+    return [{"model": model, "ddp": ddp, "compared_with": f"one process, batch {batch * nproc}", **large,
+             "share_of_control": share, "agree": share < ROUNDING_SHARE, "control": False},
+            {"model": model, "ddp": ddp, "compared_with": f"one process, batch {batch} (the control)", **control,
+             "share_of_control": 1.0, "agree": False, "control": True}]
 
 
 def ddp_knobs(settings: Sequence[Variant], nproc: int | None = None, steps: int | None = None,
@@ -331,7 +348,13 @@ def equivalence_answer(table: pd.DataFrame) -> str:
     """Markdown: is DDP on N ranks the same training as one process with an N-times batch?"""
     lines = []
     for row in table.itertuples():
-        verdict = "the same within float rounding" if row.agree else "different"
+        if row.control:
+            verdict = "a different training, the yardstick for the row above"
+        else:
+            verdict = (f"{row.share_of_control:.1e} of the control's difference: "
+                       + ("**the same training**, apart from float rounding (the sums run in another order)"
+                          if row.agree else f"**different**: more than {ROUNDING_SHARE:g} of what a real change "
+                          "of the training moves"))
         lines.append(f"- **{row.model}**, {row.ddp} vs {row.compared_with}: largest difference "
                      f"**{row.max_abs_difference:.2e}** "
                      f"({row.relative_to_largest_weight:.1e} of the largest weight): {verdict}.")
