@@ -1,5 +1,7 @@
 """Each precision and compilation option trains, and its loss falls; what cannot run says why."""
 
+import time
+
 import pandas as pd
 import pytest
 import torch
@@ -220,3 +222,19 @@ def test_strict_fp32_holds_inside_its_block_only():
         assert not devices.tf32_convolutions() and torch.backends.cuda.matmul.fp32_precision == "ieee"
     assert (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision) == before
     assert devices.tf32_convolutions()
+
+
+def test_the_learners_rounds_and_the_courses_alternate():
+    """Between two of the learner's rounds a whole round of the course's step ran: the gap between the learner's
+    calls is at least that round's time, so a change of load between the two cells cannot pass for a difference."""
+    called: list[float] = []
+
+    def mine() -> float:
+        called.append(time.perf_counter())
+        return 100.0
+
+    steps, batch = 3, 8
+    yours, course = precision.interleaved_rates(mine, "small_cnn", batch, "off", steps)
+    assert yours == [100.0] * 3 and len(course) == 3
+    gaps = [later - earlier for earlier, later in zip(called, called[1:])]
+    assert all(gap >= 0.9 * steps * batch / rate for gap, rate in zip(gaps, course)), (gaps, course)

@@ -91,9 +91,10 @@ def _fixed_batch_step(setup) -> Callable[[], int]:
 
 def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 2, image_size: int = 32,
                     monitor_backend: str = "auto", interval: float = 0.2, rounds: int = 1,
-                    **train_options) -> dict:
+                    before_round: Callable[[], object] | None = None, **train_options) -> dict:
     """Train ``model`` at ``batch_size`` for ``warmup`` iterations, then ``rounds`` x ``steps`` timed ones;
-    report the median round and the rounds' spread.
+    report the median round and the rounds' spread. ``before_round``: called before each round, outside its
+    timing (another measurement interleaved with these rounds).
 
     ``train_options`` (``amp="bf16"``, ``channels_last=True``, ...) go to the training set-up.
     """
@@ -112,9 +113,12 @@ def measure_setting(model: str, batch_size: int, steps: int = 10, warmup: int = 
         step = _fixed_batch_step(setup)
         monitor = Monitor(monitor_backend, interval, device)  # sampling starts with the timed steps
         try:
-            rates = [timed_rate(step, steps, warmup if number == 0 else 0, device,
-                                on_timed_start=monitor.start if number == 0 else None)[0]
-                     for number in range(rounds)]
+            rates = []
+            for number in range(rounds):
+                if before_round is not None:
+                    before_round()
+                rates.append(timed_rate(step, steps, warmup if number == 0 else 0, device,
+                                        on_timed_start=monitor.start if number == 0 else None)[0])
         finally:
             monitor.stop()
         device_rows = this_process_rows(monitor.frame())

@@ -42,11 +42,16 @@ def stage_epochs(size: str | None = None) -> int:
     return STAGE_EPOCHS[config.get_size(size).name]
 
 
-def course_rates(model: str, batch_size: int, amp: str, steps: int, rounds: int = 3) -> list[float]:
-    """Images per second of the course's own training step (``train_step``) on one fixed batch in ``amp``,
-    one figure per round: what the learner's precision step is set beside."""
-    row = measure_setting(model, batch_size, steps, rounds=rounds, monitor_backend="cpu", amp=amp)
-    return row["rates"]
+def interleaved_rates(mine: Callable[[], float], model: str, batch_size: int, amp: str, steps: int,
+                      rounds: int = 3) -> tuple[list[float], list[float]]:
+    """Images per second of the learner's step (``mine`` times one round) and of the course's own training step
+    (``train_step``) on one fixed batch in ``amp``, in alternating rounds (yours, the course's, yours, ...): a
+    change of the machine's load falls on both, where two measurements one after the other would read it as a
+    difference between the steps."""
+    yours: list[float] = []
+    row = measure_setting(model, batch_size, steps, rounds=rounds, monitor_backend="cpu", amp=amp,
+                          before_round=lambda: yours.append(mine()))
+    return yours, row["rates"]
 
 
 STRICT, BASELINE = "fp32, strict (no TF32)", "fp32 baseline"
