@@ -132,6 +132,17 @@ def test_the_bubble_answer_reads_the_spread():
     assert "disturbed measurement" in lines[3] and "not a finding" in lines[3]
     unknown = table.iloc[:1].assign(low=float("nan"), high=float("nan"))
     assert "the spread is unknown" in model_parallel.bubble_answer(unknown)
+    assert "against the formula" not in "\n".join(lines)
+
+
+def test_the_bubble_answer_says_when_the_measured_trend_runs_against_the_formula():
+    """The seen case: 46, 53 and 63 % measured at 2, 4 and 8 micro-batches, where the formula falls from 33 to
+    11 %; each row alone was read, the opposite trend was not said."""
+    table = pd.DataFrame({"micro-batches": [2, 4, 8], "measured bubble": [0.46, 0.53, 0.63],
+                          "low": [0.42, 0.50, 0.58], "high": [0.49, 0.56, 0.67], "formula": [1 / 3, 0.2, 1 / 9]})
+    last = model_parallel.bubble_answer(table).splitlines()[-1]
+    assert "runs against the formula: from 2 to 8 micro-batches the measured bubble rose (46% to 63%" in last, last
+    assert "where the formula falls (33% to 11%)" in last, last
 
 
 def test_the_modes_answer_calls_overlapping_step_times_no_difference():
