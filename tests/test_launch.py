@@ -34,8 +34,15 @@ def test_streams_every_rank_and_returns_the_exit_code(torchrun_self_check):
 
 
 def test_failure_shows_the_tail_of_each_rank_log(tmp_path, capsys):
-    result = launch(2, "course_utils.no_such_module", log_dir=tmp_path)
+    """And what an earlier attempt wrote to the launch's outputs is gone: a cell that reads them after this failed
+    launch finds nothing, not the earlier attempt's results."""
+    record, folder = tmp_path / "out" / "record.json", tmp_path / "out" / "ranks"
+    folder.mkdir(parents=True)
+    record.write_text("{}")
+    (folder / "rank0.pt").write_bytes(b"earlier")
+    result = launch(2, "course_utils.no_such_module", log_dir=tmp_path / "logs", outputs=[record, folder])
     assert not result.ok
+    assert not record.exists() and folder.is_dir() and not any(folder.iterdir())
     streamed = capsys.readouterr()
     err = streamed.err
     assert "--- rank 0:" in err and "--- rank 1:" in err and "No module named" in err
@@ -213,3 +220,20 @@ def test_only_torchruns_own_child_failed_traceback_is_left_out_of_the_cell():
     failed = other[:2] + ["[default1]:a rank's late line\n", f"{LAUNCHER_FAILED}: \n", "  rank      : 1\n"]
     shown = [shown for line in failed for shown in filtered.shown(line)]
     assert shown[0] == "[default1]:a rank's late line\n" and "left out: 2 lines" in shown[1] and shown[2:] == failed[3:]
+
+
+def test_every_notebook_launch_that_writes_results_removes_an_earlier_runs_first():
+    """A cell that reads a launch's results after a failed launch must not find the previous attempt's: every
+    launch in a notebook that writes to --out or a results folder names its outputs."""
+    import json
+
+    missing = []
+    for notebook in sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(notebook.read_text())["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] != "code" or source.startswith("%%writefile"):
+                continue
+            for call in re.findall(r"(?:\blaunch|run_script)\((?:[^()]|\([^()]*\))*\)", source):
+                if ('"--out"' in call or "run_script" in call) and "outputs=" not in call:
+                    missing.append(f"{notebook.name}: {call[:80]}")
+    assert not missing, missing

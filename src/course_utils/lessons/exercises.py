@@ -10,7 +10,6 @@ reported as such, never judged.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from course_utils.parallel.launch import LaunchResult
+from course_utils.parallel.launch import LaunchResult, remove_outputs
 
 
 @dataclass(frozen=True)
@@ -32,14 +31,6 @@ class Check:
         return ("Done: " if self.done else "Not yet: ") + self.text
 
 
-def _remove(record: Path) -> None:
-    if record.is_dir():
-        shutil.rmtree(record)
-        record.mkdir()
-    else:
-        record.unlink(missing_ok=True)
-
-
 def _ranks(ranks: list[int]) -> str:
     names = [str(rank) for rank in ranks]
     return "rank " + names[0] if len(names) == 1 else "ranks " + ", ".join(names[:-1]) + " and " + names[-1]
@@ -49,7 +40,7 @@ def judge_launch(record: Path, start: Callable[[], LaunchResult], judge: Callabl
     """Remove ``record`` (a file, or the contents of a folder), run ``start`` (a torchrun launch of the learner's
     script that writes ``record``), and ``judge`` the record only if every rank ended cleanly and wrote it."""
     record = Path(record)
-    _remove(record)
+    remove_outputs([record])
     result = start()
     failed = sorted(result.failed_ranks)
     if failed:

@@ -47,17 +47,20 @@ COMPARISON = {
 }
 
 
-def start_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120) -> LaunchResult:
-    """``torchrun --nproc-per-node ranks script args`` from a notebook, ended after ``timeout_seconds``; every
-    rank's output is shown, and the tail of each rank's log on failure."""
+def start_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120,
+                 outputs: Sequence[str | Path] = ()) -> LaunchResult:
+    """``torchrun --nproc-per-node ranks script args`` from a notebook, ended after ``timeout_seconds``, the
+    ``outputs`` an earlier run wrote removed first; every rank's output is shown, and the tail of each rank's log on
+    failure."""
     script = Path(script).resolve()
     return launch(ranks, script.stem, *args, log_dir=script.parent / f"{script.stem}-logs",
-                  timeout_seconds=timeout_seconds, env={"PYTHONPATH": str(script.parent)})
+                  timeout_seconds=timeout_seconds, env={"PYTHONPATH": str(script.parent)}, outputs=outputs)
 
 
-def run_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120) -> LaunchResult:
+def run_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120,
+               outputs: Sequence[str | Path] = ()) -> LaunchResult:
     """:func:`start_script`, and an error naming the script when a rank failed."""
-    result = start_script(ranks, script, *args, timeout_seconds=timeout_seconds)
+    result = start_script(ranks, script, *args, timeout_seconds=timeout_seconds, outputs=outputs)
     if not result.ok:
         raise RuntimeError(f"{Path(script).name} failed on {ranks} rank{'s' if ranks != 1 else ''} (exit code "
                            f"{result.returncode}); see the ranks' output above")
@@ -129,8 +132,7 @@ def split_training(script: Path, ranks: int, flags: Sequence[str], timeout_secon
     rows = []
     for count in (1, ranks):
         record = Path(script).with_name(f"{Path(script).stem}-{count}-ranks.json")
-        record.unlink(missing_ok=True)
-        run_script(count, script, *flags, "--out", str(record), timeout_seconds=timeout_seconds)
+        run_script(count, script, *flags, "--out", str(record), timeout_seconds=timeout_seconds, outputs=[record])
         if not record.is_file():
             raise FileNotFoundError(f"{Path(script).name} ran on {count} rank(s) but wrote no {record.name}: "
                                     "keep its last lines, which write the record")

@@ -15,10 +15,12 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,19 +192,32 @@ def _forward(stream, lines: list[str], echo: bool) -> None:
         print("".join(launcher_traceback.held), end="", flush=True)  # a traceback the output ended inside
 
 
+def remove_outputs(paths: Iterable[str | Path]) -> None:
+    """Remove what an earlier launch wrote to ``paths`` (a file, or a folder's contents: the folder stays), so that
+    whatever a cell reads after a launch is that launch's, or nothing: never an earlier attempt's."""
+    for path in map(Path, paths):
+        if path.is_dir():
+            shutil.rmtree(path)
+            path.mkdir()
+        else:
+            path.unlink(missing_ok=True)
+
+
 def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
            timeout_seconds: float | None = None, echo: bool = True, max_restarts: int = 0,
-           env: dict[str, str] | None = None) -> LaunchResult:
+           env: dict[str, str] | None = None, outputs: Iterable[str | Path] = ()) -> LaunchResult:
     """Run ``torchrun --standalone --nproc-per-node nproc -m module args...`` (or ``script.py args...``) and
     wait for it.
 
     ``max_restarts``: when a rank fails, torchrun ends the others and starts them all again, up to
     this many times (with ``--resume auto`` the training continues from its last checkpoint).
     ``env``: variables set for the ranks besides this process's own (``NCCL_DEBUG=INFO``...).
+    ``outputs``: the files or folders the script writes, emptied first (:func:`remove_outputs`).
     ``timeout_seconds``: the time limit (default :func:`time_limit`), a positive number of seconds; past it every
     process of the launch is ended and a ``TimeoutError`` says where each rank stood and which did not stop.
     """
     timeout_seconds = _checked_limit(time_limit() if timeout_seconds is None else timeout_seconds)
+    remove_outputs(outputs)
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="torchrun-"))
     command = torchrun_command(nproc, module, args, log_dir, max_restarts)
     earlier = set(log_dir.iterdir()) if log_dir.is_dir() else set()
