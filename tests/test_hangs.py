@@ -215,7 +215,14 @@ def test_agreeing_on_the_skip_is_done_and_a_typo_after_it_is_a_failed_launch_not
     ([(ALONE, "    if False:\n")], "keep leaving out a bad batch"),
     ([(ALONE, TOGETHER.replace("dist.all_reduce(bad, op=dist.ReduceOp.MAX)", "dist.broadcast(bad, src=0)"))],
      "keep leaving out a bad batch"),
-], ids=["the skip taken out", "rank 0 decides for all"])
+    ([(ALONE, TOGETHER.replace("dist.all_reduce(bad, op=dist.ReduceOp.MAX)", "dist.broadcast(bad, src=1)"))],
+     "with the corrupt sample on rank 0: the ranks left out steps"),
+    ([(ALONE + "        skipped.append(step)\n        continue\n    optimizer.zero_grad()\n    loss.backward()\n",
+       "    optimizer.zero_grad()\n    loss.backward()\n" + ALONE + "        skipped.append(step)\n"
+       "        for parameter in model.parameters():\n            parameter.grad.zero_()\n")],
+     "yet ended with the same weights: their collectives stayed in step"),
+], ids=["the skip taken out", "rank 0 decides for all", "the rank that drew it decides for all",
+        "its gradient zeroed, still all-reduced"])
 def test_wrong_fixes_that_end_cleanly_are_not_yet(tmp_path, edits, said):
     check = _check(tmp_path, *edits)
     assert not check.done and said in check.text, str(check)

@@ -126,14 +126,21 @@ def judge_skipped_batches(folder: Path) -> Check:
     results = [torch.load(path, weights_only=True) for path in files]
     bad = sorted({step for result in results for step, loss in enumerate(result["losses"]) if loss > LOSS_LIMIT})
     skipped = [list(result["skipped"]) for result in results]
+    weights = [result["weights"] for result in results]
+    same_weights = all(torch.equal(one[name], weights[0][name]) for one in weights[1:] for name in one)
+    if any(steps != skipped[0] for steps in skipped) and same_weights:
+        return Check(False, f"the ranks left out different steps ({'; '.join(map(str, skipped))}) yet ended with the "
+                            "same weights: their collectives stayed in step, but a rank that did not mark the bad "
+                            "step trained on its batch of it (a zeroed gradient still averages the others' in, at "
+                            "half the weight). Leave a bad batch out on every rank together: agree on the decision "
+                            "first.")
     if any(steps != skipped[0] for steps in skipped):
         return Check(False, f"the ranks left out different steps ({'; '.join(map(str, skipped))}): each still decides "
                             "alone. The ranks must agree on the decision before any of them acts on it.")
     if skipped[0] != bad:
         return Check(False, f"the ranks left out steps {skipped[0]}, but some rank's loss was over {LOSS_LIMIT:g} at "
                             f"steps {bad}: keep leaving out a bad batch, on every rank together.")
-    weights = [result["weights"] for result in results]
-    if not all(torch.equal(one[name], weights[0][name]) for one in weights[1:] for name in one):
+    if not same_weights:
         return Check(False, "the ranks agree on the steps left out, but their weights differ: each rank must average "
                             "the same gradients every step it trains.")
     return Check(True, f"both ranks left out step(s) {bad}, where a rank's loss was over {LOSS_LIMIT:g}, and ended "
@@ -142,18 +149,19 @@ def judge_skipped_batches(folder: Path) -> Check:
                        "MAX) keeps every rank's collectives in step.")
 
 
-def check_skipped_batches(script: Path, folder: Path, timeout_seconds: float = 10.0) -> Check:
-    """The exercise's check: launch the learner's ``script`` into ``folder`` (an earlier attempt's results and
-    records removed first) with a short process-group timeout and Flight Recorder on, and judge the results only
-    when every rank ended cleanly; after a failed launch, show each rank's last collectives, the evidence to read."""
-    folder = Path(folder)
+BAD_RANKS = (1, 0)  # the check's two launches: the corrupt sample on rank 1 (as the lesson runs it), then on rank 0
+
+
+def _check_one(script: Path, folder: Path, bad_rank: int, timeout_seconds: float) -> Check:
+    """One launch of the learner's ``script`` with the corrupt sample on ``bad_rank``, into ``folder``, judged."""
     folder.mkdir(parents=True, exist_ok=True)
     records = folder / "flight_record"
 
     def start() -> LaunchResult:
         try:
-            return launch(RANKS, str(script), str(folder), str(records), str(timeout_seconds),
-                          log_dir=folder.parent / "logs", env={hangs.FLIGHT_RECORD_VARIABLE: FLIGHT_RECORD_ENTRIES},
+            return launch(RANKS, str(script), str(folder), str(records), str(timeout_seconds), str(bad_rank),
+                          log_dir=folder.parent / f"logs-bad-on-rank-{bad_rank}",
+                          env={hangs.FLIGHT_RECORD_VARIABLE: FLIGHT_RECORD_ENTRIES},
                           timeout_seconds=timeout_seconds + LAUNCH_MARGIN_SECONDS)
         except TimeoutError as error:
             print(error)
@@ -164,3 +172,16 @@ def check_skipped_batches(script: Path, folder: Path, timeout_seconds: float = 1
     if not check.done and not recorded.empty:
         print(f"each rank's Flight Recorder:\n{recorded.to_string()}\n")
     return check
+
+
+def check_skipped_batches(script: Path, folder: Path, timeout_seconds: float = 10.0) -> Check:
+    """The exercise's check: launch the learner's ``script`` twice, the corrupt sample on rank 1 and then on rank 0
+    (a fix that lets the rank that drew it decide for all passes the first only), each into a folder of ``folder``
+    (an earlier attempt's results and records removed first) with a short process-group timeout and Flight
+    Recorder on, and judge the results only when every rank ended cleanly; after a failed launch, show each rank's
+    last collectives, the evidence to read."""
+    for bad_rank in BAD_RANKS:
+        check = _check_one(Path(script), Path(folder) / f"bad-on-rank-{bad_rank}", bad_rank, timeout_seconds)
+        if not check.done:
+            return Check(False, f"with the corrupt sample on rank {bad_rank}: {check.text}")
+    return Check(True, f"with the corrupt sample on rank 1, then on rank 0: {check.text}")
