@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         notebook_times.record([NotebookTime(
             notebook=notebook.stem, size=args.size, machine=machine, gpus=gpus, cpu_cores=cores, seconds=seconds,
             other_load=other, busy=notebook_times.busy(other), date=notebook_times.today(), commit=commit,
-            **versions)], table)
+            code=notebook_times.code_digest(notebook), **versions)], table)
         load = "unknown" if other is None else f"{other:.2f} of {cores} cores"
         print(f"{notebook.stem}: {time_lines.duration(seconds)} ({seconds:.1f} s); other work: {load}", flush=True)
     for path in time_lines.rewrite(root):

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def row(notebook="07_ddp", size="ci", machine="2-core AMD EPYC, no GPU", gpus=0,
         date="2026-11-27") -> NotebookTime:
     return NotebookTime(notebook=notebook, size=size, machine=machine, gpus=gpus, cpu_cores=2, seconds=seconds,
                         other_load=other_load, busy=notebook_times.busy(other_load), date=date, commit="abc1234",
-                        torch="2.14.1", torchvision="0.29.1", python="3.11.2", runtime="")
+                        torch="2.14.1", torchvision="0.29.1", python="3.11.2", runtime="", code="c0de")
 
 
 def test_durations_read_as_people_say_them():
@@ -100,8 +101,10 @@ def test_a_new_figure_makes_the_texts_disagree_until_they_are_written_again(tmp_
     rows = notebook_times.read()
     time_lines.rewrite(root, rows)  # as the checkout should be (the test above checks that it is)
     assert time_lines.disagreeing(root, rows) == []
-    changed = notebook_times.merged(rows, [row(seconds=4321.0), row(
-        size="workshop", machine="2 x AMD Instinct MI250X, 14-core host", gpus=2, seconds=610, other_load=0.0)])
+    code = notebook_times.code_digest(root / "notebooks/07_ddp.ipynb")  # timed on the notebook as it is
+    changed = notebook_times.merged(rows, [replace(row(seconds=4321.0), code=code), replace(row(
+        size="workshop", machine="2 x AMD Instinct MI250X, 14-core host", gpus=2, seconds=610, other_load=0.0),
+        code=code)])
     stale = {str(path.relative_to(root)) for path in time_lines.disagreeing(root, changed)}
     assert {"README.md", "docs/instructor.md", "notebooks/07_ddp.ipynb"} <= stale
     before = json.loads((root / "notebooks/07_ddp.ipynb").read_text())
@@ -202,3 +205,25 @@ def test_the_timing_run_records_what_ran_and_nothing_of_what_failed(tmp_path, mo
     assert time_lines.disagreeing(tmp_path) == []
     readme = (tmp_path / "README.md").read_text()
     assert "| 00 | quick | " in readme and "| 01 | broken | not yet measured / not yet measured |" in readme
+
+
+def test_a_row_timed_on_older_code_cells_says_so_in_every_text_and_prose_alone_changes_nothing(tmp_path):
+    """The table's rows were measured many commits before 01, 07, 09 and 11 were rewritten, and nothing said so:
+    each row keeps the digest of the code cells it timed, and a figure whose notebook's code changed since is
+    marked, in the README, the guide and the notebook's own Time line."""
+    notebook = tmp_path / "07_ddp.ipynb"
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# 07 · DDP\n", "\n", "**Time**: x"]},
+             {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": ["print(1)\n"]}]
+    notebook.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    timed = replace(row(seconds=200.0, other_load=0.0), code=notebook_times.code_digest(notebook))
+    now = {"07_ddp": notebook_times.code_digest(notebook)}
+    assert time_lines.readme_cell([timed], "07_ddp", now) == "3 min 20 s / not yet measured"
+    cells[0]["source"][-1] = "**Time**: rewritten, and a new paragraph"  # prose: the same code
+    notebook.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert notebook_times.code_digest(notebook) == now["07_ddp"]
+    cells[1]["source"] = ["print(2)\n"]  # the code the figure timed is gone
+    notebook.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    now = {"07_ddp": notebook_times.code_digest(notebook)}
+    assert time_lines.readme_cell([timed], "07_ddp", now) == "3 min 20 s (older code) / not yet measured"
+    assert "timed before its code cells last changed, measure it again" in time_lines.time_line([timed], "07_ddp", now)
+    assert "3 min 20 s (older code)" in time_lines.guide_section([timed], [notebook], now)

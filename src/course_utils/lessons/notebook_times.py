@@ -10,7 +10,9 @@ keeps every other, so a GPU machine's rows and a laptop's live side by side. A r
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 import platform
 import subprocess
 from dataclasses import asdict, dataclass, fields
@@ -42,6 +44,7 @@ class NotebookTime:
     torchvision: str
     python: str
     runtime: str  # "CUDA 13.0", "HIP 6.4..." on GPUs; "" without (the torch version names its build)
+    code: str  # the digest of the notebook's code cells that ran (:func:`code_digest`)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -53,6 +56,19 @@ class NotebookTime:
 
 
 COLUMNS = tuple(field.name for field in fields(NotebookTime))
+
+
+def code_digest(notebook: Path) -> str:
+    """A short digest of a notebook's code cells, in order: what a timing measured. Prose and outputs are left
+    out: a "Time" line rewritten, or a paragraph edited, does not change what the notebook runs."""
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    code = "\0".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "code")
+    return hashlib.sha256(code.encode()).hexdigest()[:12]
+
+
+def stale(row: NotebookTime, code_now: dict[str, str]) -> bool:
+    """Whether ``row`` timed other code than its notebook's now (``code_now``: notebook -> :func:`code_digest`)."""
+    return row.notebook in code_now and row.code != code_now[row.notebook]
 
 
 def table_path() -> Path:

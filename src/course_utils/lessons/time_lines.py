@@ -6,7 +6,8 @@ long the notebooks take, written from the measured table (:mod:`course_utils.les
 
 ``benchmarks/notebook_times.py`` rewrites them after each timing run; a test fails while they disagree.
 The README shows each notebook's newest `ci` time on a machine without GPU and its newest `workshop` time on
-GPUs; the guide every size and machine measured; a notebook every row of its own.
+GPUs; the guide every size and machine measured; a notebook every row of its own. A figure whose row timed other
+code cells than the notebook has now is marked "(older code)" (:func:`notebook_times.stale`).
 """
 
 from __future__ import annotations
@@ -42,14 +43,19 @@ def duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
-def figure(row: NotebookTime | None) -> str:
+OLDER_CODE = "older code"  # a figure timed on code cells the notebook has changed since
+
+
+def figure(row: NotebookTime | None, code_now: dict[str, str] | None = None) -> str:
     if row is None:
         return NOT_MEASURED
-    return duration(row.seconds) + (" (busy)" if row.busy == "yes" else "")
+    marks = [mark for mark, holds in (("busy", row.busy == "yes"),
+                                      (OLDER_CODE, notebook_times.stale(row, code_now or {}))) if holds]
+    return duration(row.seconds) + (f" ({', '.join(marks)})" if marks else "")
 
 
-def readme_cell(rows: list[NotebookTime], notebook: str) -> str:
-    return " / ".join(figure(notebook_times.measured(rows, notebook, size, gpus)) for size, gpus in WANTED)
+def readme_cell(rows: list[NotebookTime], notebook: str, code_now: dict[str, str] | None = None) -> str:
+    return " / ".join(figure(notebook_times.measured(rows, notebook, size, gpus), code_now) for size, gpus in WANTED)
 
 
 def _wanted_name(size: str, on_gpus: bool) -> str:
@@ -62,11 +68,18 @@ def _load(row: NotebookTime) -> str:
     return "; other work on it not measured" if row.busy == "unknown" else ""
 
 
-def time_line(rows: list[NotebookTime], notebook: str) -> str:
-    """The notebook's "**Time**:" paragraph: each of its rows, and the wanted sizes never measured."""
+def _older(row: NotebookTime, code_now: dict[str, str] | None) -> str:
+    return ("; timed before its code cells last changed, measure it again" if notebook_times.stale(row, code_now or {})
+            else "")
+
+
+def time_line(rows: list[NotebookTime], notebook: str, code_now: dict[str, str] | None = None) -> str:
+    """The notebook's "**Time**:" paragraph: each of its rows (said when it timed older code), and the wanted
+    sizes never measured."""
     own = sorted((row for row in rows if row.notebook == notebook),
                  key=lambda row: (row.size != "ci", row.on_gpus, row.machine))
-    parts = [f"{duration(row.seconds)} at the `{row.size}` size ({row.machine}{_load(row)})" for row in own]
+    parts = [f"{duration(row.seconds)} at the `{row.size}` size ({row.machine}{_load(row)}{_older(row, code_now)})"
+             for row in own]
     for size, on_gpus in WANTED:
         if notebook_times.measured(rows, notebook, size, on_gpus) is None:
             parts.append(f"{_wanted_name(size, on_gpus)} {NOT_MEASURED}")
@@ -104,8 +117,9 @@ def _column_note(rows: list[NotebookTime], size: str, machine: str) -> str:
             f"commit {commits}, {'; '.join(kinds)}{busy}.")
 
 
-def guide_section(rows: list[NotebookTime], notebooks: list[Path]) -> str:
-    """The instructor guide's table of every notebook in every measured size and machine, with its notes."""
+def guide_section(rows: list[NotebookTime], notebooks: list[Path], code_now: dict[str, str] | None = None) -> str:
+    """The instructor guide's table of every notebook in every measured size and machine, with its notes; a
+    figure timed on older code cells than the notebook's now is marked so."""
     columns = _columns(rows)
     header = ["notebook"] + [f"`{size}`, {machine}" if machine else f"`{size}` {'on GPUs' if gpus else 'without GPU'}"
                              for size, gpus, machine in columns]
@@ -114,13 +128,13 @@ def guide_section(rows: list[NotebookTime], notebooks: list[Path]) -> str:
         cells = [_title(notebook)]
         for size, _gpus, machine in columns:
             found = [row for row in rows if (row.notebook, row.size, row.machine) == (notebook.stem, size, machine)]
-            cells.append(figure(found[0] if found else None))
+            cells.append(figure(found[0] if found else None, code_now))
         lines.append("| " + " | ".join(cells) + " |")
     notes = [_column_note(rows, size, machine) for size, _gpus, machine in columns if machine]
     return "\n".join([BEGIN, "", *lines, "", *(notes + [""] if notes else []), END])
 
 
-def _readme(text: str, rows: list[NotebookTime], notebooks: list[Path]) -> str:
+def _readme(text: str, rows: list[NotebookTime], notebooks: list[Path], code_now: dict[str, str]) -> str:
     """The README's notebook table (its header starts ``| # | notebook |``) with each row's last cell written."""
     stems = {notebook.stem[:2]: notebook.stem for notebook in notebooks}
     lines = text.split("\n")
@@ -133,7 +147,8 @@ def _readme(text: str, rows: list[NotebookTime], notebooks: list[Path]) -> str:
         number = lines[index][2:4]
         if number in stems:
             seen.add(number)
-            lines[index] = f"{lines[index][:-1].rstrip().rpartition('|')[0]}| {readme_cell(rows, stems[number])} |"
+            cell = readme_cell(rows, stems[number], code_now)
+            lines[index] = f"{lines[index][:-1].rstrip().rpartition('|')[0]}| {cell} |"
         index += 1
     unlisted = sorted(set(stems) - seen)
     if unlisted:
@@ -141,21 +156,21 @@ def _readme(text: str, rows: list[NotebookTime], notebooks: list[Path]) -> str:
     return "\n".join(lines)
 
 
-def _guide(text: str, rows: list[NotebookTime], notebooks: list[Path]) -> str:
+def _guide(text: str, rows: list[NotebookTime], notebooks: list[Path], code_now: dict[str, str]) -> str:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
         raise ValueError(f"docs/instructor.md lacks the lines that frame the written times: {BEGIN} ... {END}")
-    return text[:start] + guide_section(rows, notebooks) + text[end + len(END):]
+    return text[:start] + guide_section(rows, notebooks, code_now) + text[end + len(END):]
 
 
-def _notebook(text: str, rows: list[NotebookTime], stem: str) -> str:
+def _notebook(text: str, rows: list[NotebookTime], stem: str, code_now: dict[str, str]) -> str:
     notebook = json.loads(text)
     cell = notebook["cells"][0]
     paragraphs = "".join(cell["source"]).split("\n\n")
     found = [index for index, paragraph in enumerate(paragraphs) if paragraph.startswith("**Time**:")]
     if cell["cell_type"] != "markdown" or len(found) != 1:
         raise ValueError(f"notebooks/{stem}.ipynb: its first cell needs one paragraph that starts with **Time**:")
-    paragraphs[found[0]] = textwrap.fill(time_line(rows, stem), width=110, break_long_words=False,
+    paragraphs[found[0]] = textwrap.fill(time_line(rows, stem, code_now), width=110, break_long_words=False,
                                          break_on_hyphens=False)
     cell["source"] = "\n\n".join(paragraphs).splitlines(keepends=True)
     return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
@@ -170,10 +185,12 @@ def written(root: Path | None = None, rows: list[NotebookTime] | None = None) ->
     if unknown:
         raise ValueError(f"{notebook_times.TABLE} has rows of {', '.join(unknown)}, which notebooks/ does not "
                          "have: remove those rows")
-    texts = {root / "README.md": _readme((root / "README.md").read_text(), rows, notebooks),
-             root / "docs" / "instructor.md": _guide((root / "docs" / "instructor.md").read_text(), rows, notebooks)}
+    code_now = {notebook.stem: notebook_times.code_digest(notebook) for notebook in notebooks}
+    texts = {root / "README.md": _readme((root / "README.md").read_text(), rows, notebooks, code_now),
+             root / "docs" / "instructor.md": _guide((root / "docs" / "instructor.md").read_text(), rows, notebooks,
+                                                     code_now)}
     for notebook in notebooks:
-        texts[notebook] = _notebook(notebook.read_text(), rows, notebook.stem)
+        texts[notebook] = _notebook(notebook.read_text(), rows, notebook.stem, code_now)
     return texts
 
 
