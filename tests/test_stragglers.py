@@ -60,35 +60,46 @@ def test_the_doctor_beside_a_straggler_says_late_not_lost(tmp_path):
     assert "never reached" not in screen, screen
 
 
-MODULE_LEVEL_STRAGGLER = """import sys, time
+MODULE_LEVEL_STRAGGLER = """import os, sys, time
 from datetime import timedelta
 import torch
 import torch.distributed as dist
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 rank = dist.get_rank()
 model = torch.nn.Linear(100, 10)
-for step in range(int(sys.argv[1])):  # at the top level, as the course's scripts: the step counter is a global
+for step in range(90):  # at the top level, as the course's scripts: the step counter is a global
     if rank == 1:
         time.sleep(2.0)  # its loader, slow
     model(torch.randn(32, 100)).sum().backward()
     for parameter in model.parameters():
         dist.all_reduce(parameter.grad)
+    stop = torch.tensor(float(os.path.exists(sys.argv[1])))  # the test has looked: every rank stops together
+    dist.all_reduce(stop, op=dist.ReduceOp.MAX)
     print(f"rank {rank} step {step}", flush=True)
+    if stop.item():
+        break
 dist.destroy_process_group()
 """
 
 
 def test_the_doctor_beside_a_straggler_whose_loop_is_at_the_scripts_top_level_says_late_not_lost(tmp_path):
     """py-spy prints a function's locals but not a module's globals: at every look rank 1 shows the same stack (its
-    sleep) and rank 0 the same (the all-reduce). What moves is what each rank sends its peer between the looks."""
-    script, logs = tmp_path / "straggler.py", tmp_path / "logs"
+    sleep) and rank 0 the same (an all-reduce). What moves is what each rank sends its peer between the looks. The
+    ranks step until the doctor has looked, however long a busy machine makes it take to start."""
+    script, logs, looked_file = tmp_path / "straggler.py", tmp_path / "logs", tmp_path / "looked"
     script.write_text(MODULE_LEVEL_STRAGGLER)
 
     def stepping() -> bool:  # both ranks have finished a step: past their start-up
         return sum(" step " in line for line in last_lines(logs).values()) == 2
 
-    looked = hangs.beside(lambda: launch(2, str(script), "8", log_dir=logs, echo=False, timeout_seconds=180),
-                          when_it_breaks.doctor_command(looks=3), stepping)
+    def doctor_then_stop(launcher: int) -> str:
+        try:
+            return when_it_breaks.doctor_command(looks=3)(launcher)
+        finally:
+            looked_file.touch()
+
+    looked = hangs.beside(lambda: launch(2, str(script), str(looked_file), log_dir=logs, echo=False,
+                                         timeout_seconds=240), doctor_then_stop, stepping)
     assert isinstance(looked.outcome, LaunchResult) and looked.outcome.ok, looked.outcome
     screen = looked.found
     assert isinstance(screen, str), "the ranks had finished before the doctor looked"
