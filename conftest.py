@@ -2,9 +2,10 @@
 between processes (the generated data's sums) goes to a folder of the session's own, and so does everything the
 suite's processes put in the system's temporary folder (job scripts' private folders, torchrun's logs, the
 compiler's cache): one folder, removed when the session ends. With ``COURSE_TIME_TABLE=PATH`` the session writes
-where its time went, per test file and notebook, unless PATH exists (``tests/time_table.py`` makes the table): wall
-seconds, and the CPU seconds of the tests and of the processes they started and saw end, which a busier machine
-changes far less. On pytest-xdist's workers (``make test``) the files run longest first, as that table measured."""
+where its time went, per test file and notebook and for its costliest tests, unless PATH exists
+(``tests/time_table.py`` makes the table): wall seconds, and the CPU seconds of the tests and of the processes they
+started and saw end, which a busier machine changes far less. On pytest-xdist's workers (``make test``) the files
+run longest first, as that table measured."""
 
 import json
 import os
@@ -38,6 +39,8 @@ _STARTED = time.monotonic()
 _seconds_per_file: defaultdict[str, float] = defaultdict(float)
 _tests_per_file: defaultdict[str, int] = defaultdict(int)
 _cpu_per_file: defaultdict[str, float] = defaultdict(float)
+_per_test: defaultdict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # test id -> [seconds, CPU seconds]
+SLOWEST_TESTS = 60  # the tests the table lists by name, most CPU first: where a saving is worth looking for
 CPU = "cpu_seconds"  # the report's property that carries a phase's CPU time from a worker to the controller
 
 
@@ -77,7 +80,10 @@ def pytest_runtest_logreport(report) -> None:
     path = report.nodeid.split("::")[0]
     _seconds_per_file[path] += report.duration
     _tests_per_file[path] += report.when == "call"
-    _cpu_per_file[path] += sum(value for name, value in report.user_properties if name == CPU)
+    cpu = sum(value for name, value in report.user_properties if name == CPU)
+    _cpu_per_file[path] += cpu
+    _per_test[report.nodeid][0] += report.duration
+    _per_test[report.nodeid][1] += cpu
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
@@ -89,8 +95,12 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     files = {path: {"seconds": round(seconds, 1), "cpu_seconds": round(_cpu_per_file[path], 1),
                     "tests": _tests_per_file[path]}
              for path, seconds in sorted(_seconds_per_file.items())}
+    slowest = sorted(_per_test.items(), key=lambda item: -item[1][1])[:SLOWEST_TESTS]
+    tests = [{"test": test, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1)}
+             for test, (seconds, cpu) in slowest]
     wall = round(time.monotonic() - _STARTED)
-    Path(destination).write_text(json.dumps({"wall_seconds": wall, "files": files}, indent=1) + "\n")
+    Path(destination).write_text(json.dumps({"wall_seconds": wall, "files": files, "slowest_tests": tests},
+                                            indent=1) + "\n")
 
 
 def pytest_unconfigure(config) -> None:

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import sharded_runs
 import torch
@@ -46,19 +47,38 @@ def _stopped_step(folder: RunFolder) -> int:
     return int(re.search(r"after step (\d+)", folder.preempted.read_text()).group(1))
 
 
-@pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
-def test_sigterm_to_the_whole_group_with_loader_workers_checkpoints_and_resumes(tiny_root, tmp_path, distributed):
-    """Slurm's scancel, time limit and preemption signal every process of the job, the DataLoader workers of
-    every rank included: the workers leave the signal to their trainer, which checkpoints and marks the run."""
+def _ranks_of(agent: subprocess.Popen) -> list[int]:
+    """torchrun's children: its ranks (each rank's loader workers are the rank's children, not these)."""
+    deadline = time.monotonic() + 60
+    while len(ranks := psutil.Process(agent.pid).children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [rank.pid for rank in ranks]
+
+
+# (mode, signal, whom it reaches): Slurm's scancel and time limit signal every process of the job (the ranks,
+# their loader workers, torchrun); `#SBATCH --signal=USR1@60` signals each task, the ranks, and not their workers.
+STOPS = [("ddp", signal.SIGTERM, "the whole group"), ("fsdp", signal.SIGUSR1, "each rank")]
+
+
+@pytest.mark.parametrize(("distributed", "stop", "whom"), STOPS, ids=[f"{mode} {stop.name} to {whom}"
+                                                                      for mode, stop, whom in STOPS])
+def test_a_stop_signal_with_loader_workers_checkpoints_and_resumes(tiny_root, tmp_path, distributed, stop, whom):
+    """The loader workers leave the signal to their trainer, which agrees with the other ranks on a step,
+    checkpoints (its shards under FSDP) and marks the run; the next run resumes it."""
     folder = RunFolder(tmp_path / "run")
     options = dict(size="ci", data_dir=str(tiny_root), model="small_cnn_gn", train_samples=256, test_samples=64,
                    batch_size=16, workers=2, log_every=1, device="cpu", progress=False, out=str(folder.path))
     agent = _torchrun(2, to_flags(**options, distributed=distributed, max_steps=400, checkpoint_every=2,
                                   input_delay_ms=20))
     _wait_for_checkpoint(agent, folder, "step-*")
-    os.killpg(agent.pid, signal.SIGTERM)
+    if whom == "the whole group":
+        os.killpg(agent.pid, stop)
+    else:
+        for rank in _ranks_of(agent):
+            os.kill(rank, stop)
     output = agent.communicate(timeout=180)[0]
     assert "killed by signal" not in output, output[-3000:]
+    assert f"stopped by {stop.name}" in output and "--resume auto" in output, output[-3000:]
     assert folder.preempted.is_file(), output[-3000:]
     step = _stopped_step(folder)
     newest = checkpoint.candidates(folder.checkpoints)[0]

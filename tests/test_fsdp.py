@@ -1,14 +1,7 @@
 """FSDP2 for real: two (and four) gloo ranks on the CPU under torchrun, each holding a shard of the model;
 the same training as DDP; sharded checkpoints that resume on another number of ranks; memory by kind."""
 
-import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import sharded_runs
@@ -19,7 +12,6 @@ from course_utils.observe.metrics import read_records
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training import checkpoint
-from course_utils.training.options import to_flags
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -129,26 +121,3 @@ def test_activation_checkpointing_trades_saved_activations_for_the_same_numbers(
     assert after["activations"] < before["activations"] / 2
     assert after["parameters"] == before["parameters"]
     assert _step_losses(tmp_path / "recomputed") == pytest.approx(_step_losses(tmp_path / "plain"), rel=1e-5)
-
-
-def test_a_stop_signal_to_every_rank_checkpoints_the_shards_and_the_run_resumes(tiny_root, tmp_path):
-    """As under Slurm, which signals every task: the ranks agree on a step, write their shards and exit 99."""
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-               "course_utils.train", *to_flags(**sharded_runs.options(tiny_root, out, distributed="fsdp",
-                                                                      max_steps=400, checkpoint_every=2))]
-    agent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while not list(RunFolder(out).checkpoints.glob("step-*.dcp")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    ranks = [int(pid) for pid in Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()]
-    assert len(ranks) == 2
-    for pid in ranks:
-        os.kill(pid, signal.SIGUSR1)
-    output = agent.communicate(timeout=120)[0]
-    assert "stopped by SIGUSR1" in output and "--resume auto" in output, output[-3000:]
-    step = int(re.search(r"after step (\d+)", RunFolder(out).preempted.read_text()).group(1))
-    assert checkpoint.candidates(RunFolder(out).checkpoints)[0] == checkpoint.step_path(
-        RunFolder(out).checkpoints, step, sharded=True)
-    resumed = _launch(2, tiny_root, out, distributed="fsdp", max_steps=step + 2, resume="auto")
-    assert f"step {step}" in "\n".join(resumed.lines) and resumed.summary["steps"] == step + 2

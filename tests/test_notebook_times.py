@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
@@ -102,9 +103,10 @@ def test_a_new_figure_makes_the_texts_disagree_until_they_are_written_again(tmp_
     time_lines.rewrite(root, rows)  # as the checkout should be (the test above checks that it is)
     assert time_lines.disagreeing(root, rows) == []
     code = notebook_times.code_digest(root / "notebooks/07_ddp.ipynb")  # timed on the notebook as it is
-    changed = notebook_times.merged(rows, [replace(row(seconds=4321.0), code=code), replace(row(
-        size="workshop", machine="2 x AMD Instinct MI250X, 14-core host", gpus=2, seconds=610, other_load=0.0),
-        code=code)])
+    later = (date.fromisoformat(max(measured.date for measured in rows)) + timedelta(days=1)).isoformat()
+    changed = notebook_times.merged(rows, [replace(row(seconds=4321.0, date=later), code=code), replace(row(
+        size="workshop", machine="2 x AMD Instinct MI250X, 14-core host", gpus=2, seconds=610, other_load=0.0,
+        date=later), code=code)])  # measured after every row of the table
     stale = {str(path.relative_to(root)) for path in time_lines.disagreeing(root, changed)}
     assert {"README.md", "docs/instructor.md", "notebooks/07_ddp.ipynb"} <= stale
     before = json.loads((root / "notebooks/07_ddp.ipynb").read_text())

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from time_table import TABLE, first_budget, markdown, merged
+from time_table import TABLE, first_budget, markdown, merged, slowest_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 REMEASURE = ("measure the suite again: COURSE_TIME_TABLE=/tmp/raw.json make test, then "
@@ -49,3 +49,10 @@ def test_a_new_file_gets_a_budget_of_its_measure_and_half_again_and_an_old_one_k
     lines = markdown(rows).splitlines()
     assert lines[2].startswith("| tests/test_new.py | 3 | 41 | 60 | 70 |")
     assert lines[-1] == "| all 2 files | 8 | 53 | 64 | |"
+
+
+def test_the_costliest_tests_are_listed_by_name_with_their_seconds():
+    measured = [{"test": "tests/test_a.py::test_one", "seconds": 80.4, "cpu_seconds": 120.6}]
+    lines = slowest_markdown(measured).splitlines()
+    assert lines == ["| test | seconds | CPU seconds |", "| --- | ---: | ---: |",
+                     "| tests/test_a.py::test_one | 80 | 121 |"]

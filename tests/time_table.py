@@ -7,10 +7,10 @@ A file a later session measured alone (a new test file) adds its rows; the wall 
 
 The table keeps, for each file, the tests it ran, the seconds they took (setup, call and teardown, summed), the CPU
 seconds they and the processes they started used (what a busier machine or more workers change far less) and a
-budget. Budgets are the suite's
-contract: written once here (the first measurement, half again, rounded up to 10 s), changed by hand when a file is
-meant to cost more; ``tests/test_suite_times.py`` holds every file to its budget and every file to having one.
-Prints the table as Markdown, slowest first.
+budget; and the run's costliest tests by name, most CPU first (where a saving is worth looking for). Budgets
+are the suite's contract: written once here (the first measurement, half again, rounded up to 10 s), changed by
+hand when a file is meant to cost more; ``tests/test_suite_times.py`` holds every file to its budget and every
+file to having one. Prints the table as Markdown, slowest first.
 """
 
 from __future__ import annotations
@@ -52,6 +52,12 @@ def markdown(files: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def slowest_markdown(tests: list[dict]) -> str:
+    lines = ["| test | seconds | CPU seconds |", "| --- | ---: | ---: |"]
+    lines += [f"| {row['test']} | {row['seconds']:.0f} | {row['cpu_seconds']:.0f} |" for row in tests]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", type=Path, nargs="+", help="the files COURSE_TIME_TABLE named, the whole run's first")
@@ -63,21 +69,23 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.raw:
         try:
             raw = json.loads(path.read_text())
-            raws.append((raw["files"], raw["wall_seconds"]))
+            raws.append((raw["files"], raw["wall_seconds"], raw.get("slowest_tests", [])))
         except (OSError, ValueError, KeyError) as error:
             sys.exit(f"{path}: not a time table a test session wrote ({error}); run the suite with "
                      "COURSE_TIME_TABLE=PATH first")
-    measured = {path: row for files, _ in raws for path, row in files.items()}
-    wall = raws[0][1]
+    measured = {path: row for files, *_ in raws for path, row in files.items()}
+    _, wall, slowest = raws[0]
     kept = json.loads(TABLE.read_text())["files"] if TABLE.exists() and not args.new_budgets else {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=TABLE.parent).stdout.strip()
     files = merged(measured, kept)
     table = {"measured": {"date": date.today().isoformat(), "commit": commit, "machine": args.label,
                           "wall_seconds": wall},
-             "wall_target_seconds": WALL_TARGET_SECONDS, "files": files}
+             "wall_target_seconds": WALL_TARGET_SECONDS, "files": files, "slowest_tests": slowest}
     TABLE.write_text(json.dumps(table, indent=1) + "\n")
     print(markdown(files))
+    if slowest:
+        print("\n" + slowest_markdown(slowest))
 
 
 if __name__ == "__main__":

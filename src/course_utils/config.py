@@ -16,6 +16,9 @@ from pathlib import Path
 SIZE_VARIABLE = "COURSE_SIZE"
 DATA_VARIABLE = "COURSE_DATA_DIR"
 RUNS_VARIABLE = "COURSE_RUNS_DIR"
+# The variables that choose which GPUs a process sees, by maker (the devices module and the doctor read them; the
+# doctor without importing PyTorch, so that it starts in a moment on a node whose job is stuck).
+VISIBLE_VARIABLES = {"AMD": ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"), "NVIDIA": ("CUDA_VISIBLE_DEVICES",)}
 
 
 class UnknownSizeError(ValueError):

@@ -98,7 +98,6 @@ def detect() -> Accelerator:
 # The kernel drivers' device files: on a node with AMD GPUs (ROCm's /dev/kfd) or NVIDIA GPUs, whatever
 # PyTorch build is installed.
 DRIVER_FILES = {"AMD": Path("/dev/kfd"), "NVIDIA": Path("/dev/nvidiactl")}
-VISIBLE_VARIABLES = {"AMD": ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"), "NVIDIA": ("CUDA_VISIBLE_DEVICES",)}
 
 
 def gpu_vendors_on_node() -> tuple[str, ...]:
@@ -121,7 +120,8 @@ def gpu_mismatch(vendors: tuple[str, ...], hip: str | None, cuda: str | None, av
     if vendor == "NVIDIA" and not cuda:
         return (f"{found} {build} build that cannot use them. Install the CUDA build: make install (README, "
                 "'Other machines').")
-    visible = ", ".join(f"{name}={env[name]!r}" for name in VISIBLE_VARIABLES[vendor] if name in env) or "none set"
+    named = [f"{name}={env[name]!r}" for name in config.VISIBLE_VARIABLES[vendor] if name in env]
+    visible = ", ".join(named) or "none set"
     tool = "rocm-smi (or amd-smi, its successor)" if vendor == "AMD" else "nvidia-smi"
     return (f"{found} {build} build, and torch.cuda.is_available() is False: no GPU is given to this job "
             f"(visible-device variables: {visible}; on Slurm ask for --gpus-per-node), or the driver is older than "

@@ -42,8 +42,9 @@ from pathlib import Path
 
 import psutil
 
-from course_utils.devices import VISIBLE_VARIABLES as VISIBLE_BY_VENDOR
-from course_utils.observe.monitor import BackendUnavailable, Reading, open_backend
+from course_utils.config import VISIBLE_VARIABLES as VISIBLE_BY_VENDOR
+from course_utils.observe.monitor.backends import BackendUnavailable, open_backend
+from course_utils.observe.monitor.readings import Reading
 from course_utils.parallel import bounded_reading, comm_failures, hangs, launched_processes
 
 COLLECTIVES = {"all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter",
