@@ -20,7 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from course_utils.data.loaders import leave_stop_signals_to_the_trainer
+from course_utils.data.worker_signals import leave_stop_signals_to_the_trainer
 
 scenario, ready = sys.argv[1], Path(sys.argv[2])
 rank = int(os.environ["RANK"])

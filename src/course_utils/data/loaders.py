@@ -8,10 +8,6 @@ path behind one interface.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +21,7 @@ from course_utils.data.dali import DaliLoader
 from course_utils.data.datasets import DataSpec, build_datasets, image_arrays, uint8_datasets
 from course_utils.data.gpu_augment import BatchAugment
 from course_utils.data.resident import ResidentLoader
+from course_utils.data.worker_signals import leave_stop_signals_to_the_trainer
 
 LOADERS = ("torch", "dali", "gpu-aug", "resident")
 
@@ -42,29 +39,6 @@ class DelayedCollate:
     def __call__(self, samples: list) -> Any:
         time.sleep(self.delay_seconds)
         return self.collate(samples)
-
-
-def leave_stop_signals_to_the_trainer(worker_id: int) -> None:
-    """Ctrl-C reaches every process of the terminal, and Slurm's scancel, time limit and preemption signal
-    (SIGTERM, or SIGUSR1 with ``--signal``) every process of the job. A worker that died of one would take the
-    batches the training process needs to reach its checkpoint (PyTorch then ends the trainer with "DataLoader
-    worker is killed by signal"), so the workers leave them to the trainer. A SIGTERM from the trainer itself
-    (the loader ending its workers) still ends a worker at once, as PyTorch's own handler does."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if not hasattr(signal, "sigwaitinfo"):  # macOS, Windows: who sent a SIGTERM cannot be read, PyTorch's rule stays
-        return
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    # Blocked here, before the worker starts any thread, so that every thread inherits the block and SIGTERM
-    # waits for the one thread below, which reads who sent it.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    threading.Thread(target=_end_when_the_trainer_asks, args=(multiprocessing.parent_process().pid,), daemon=True,
-                     name="sigterm-from-trainer").start()
-
-
-def _end_when_the_trainer_asks(trainer: int) -> None:
-    while True:
-        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == trainer:
-            os._exit(0)
 
 
 def seeded_generator(seed: int) -> torch.Generator:

@@ -81,6 +81,7 @@ def train(steps: int, delay: float, device: torch.device, slow_from: int = 0) ->
         optimizer.step()
         records.append({"step": step, "data_seconds": loaded - start, "compute_seconds": computed - loaded,
                         "collective_seconds": reduced - computed})
+        print(f"rank {dist.get_rank()} step {step}", flush=True)  # in its log: how far it got, read from outside
     return records
 
 
