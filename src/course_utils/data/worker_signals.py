@@ -1,6 +1,6 @@
-"""What a DataLoader worker does with the signals that stop a run: it leaves them to its training process.
-Apart from the loaders, and without PyTorch, so that a script that only needs this (a rank of the suite's hanging
-ranks) does not import torchvision's models with the loaders."""
+"""What a DataLoader worker does with the signals that stop a run (every run with loader workers, notebooks 01-12):
+it leaves them to its training process. Apart from the loaders, and without PyTorch, so that a script that only
+needs this (a rank of the suite's hanging ranks) does not import torchvision's models with the loaders."""
 
 from __future__ import annotations
 
