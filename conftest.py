@@ -7,6 +7,7 @@ where its time went, per test file and notebook and for its costliest tests, unl
 started and saw end, which a busier machine changes far less. On pytest-xdist's workers (``make test``) the files
 run longest first, as that table measured."""
 
+import atexit
 import json
 import os
 import resource
@@ -22,6 +23,8 @@ SESSION_TEMPORARY = Path(tempfile.mkdtemp(prefix="course-tests-"))
 SESSION_TEMPORARY.chmod(0o1777)  # as the system's own: other users' tests make folders in it too (sticky)
 os.environ["TMPDIR"] = str(SESSION_TEMPORARY)  # every process the tests start inherits it
 tempfile.tempdir = None  # and this one reads it again
+# Removed when the process ends, however the session ended (a usage error ends it before pytest_configure).
+atexit.register(shutil.rmtree, SESSION_TEMPORARY, ignore_errors=True)
 # OpenMP's threads in every process the suite starts (PyTorch's intra-op pool) sleep while they wait instead of
 # spinning: the suite runs many processes on few cores, where a spinning thread takes the core from the process
 # it waits for (on 2 cores, three trainings at once: 46 s wall spinning, 34 s sleeping; one alone: 18 s and 14 s).
@@ -101,7 +104,3 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     wall = round(time.monotonic() - _STARTED)
     Path(destination).write_text(json.dumps({"wall_seconds": wall, "files": files, "slowest_tests": tests},
                                             indent=1) + "\n")
-
-
-def pytest_unconfigure(config) -> None:
-    shutil.rmtree(SESSION_TEMPORARY, ignore_errors=True)

@@ -56,7 +56,8 @@ def train(steps: int, delay: float, device: torch.device, slow_from: int = 0) ->
     torch.manual_seed(0)  # every rank starts from the same weights, as DDP's broadcast makes them
     model = _model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    generator = torch.Generator().manual_seed(dist.get_rank())
+    rank = dist.get_rank()
+    generator = torch.Generator().manual_seed(rank)
     data = TensorDataset(torch.randn(steps * IMAGES, 3, 32, 32, generator=generator),
                          torch.randint(0, 100, (steps * IMAGES,), generator=generator))
     loader = DataLoader(data, batch_size=IMAGES, collate_fn=SlowCollate(delay, slow_from))
@@ -81,7 +82,7 @@ def train(steps: int, delay: float, device: torch.device, slow_from: int = 0) ->
         optimizer.step()
         records.append({"step": step, "data_seconds": loaded - start, "compute_seconds": computed - loaded,
                         "collective_seconds": reduced - computed})
-        print(f"rank {dist.get_rank()} step {step}", flush=True)  # in its log: how far it got, read from outside
+        print(f"rank {rank} step {step}", flush=True)  # in its log: how far it got, read from outside
     return records
 
 
