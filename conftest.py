@@ -29,6 +29,10 @@ atexit.register(shutil.rmtree, SESSION_TEMPORARY, ignore_errors=True)
 # spinning: the suite runs many processes on few cores, where a spinning thread takes the core from the process
 # it waits for (on 2 cores, three trainings at once: 46 s wall spinning, 34 s sleeping; one alone: 18 s and 14 s).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# And one such thread per process, as torchrun gives each CPU rank: with three test processes on two cores a second
+# thread only adds the cost of sharing the work (notebook 02 on 2 cores alone: 100 CPU s with 2 threads, 88 with 1;
+# notebook 05: 114 and 106). Set before any test process imports PyTorch, which reads it once.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["COURSE_INTERACTIVE"] = "0"  # no TensorBoard servers or live widgets under pytest
 os.environ.setdefault("COURSE_SIZE", "ci")
 os.environ.setdefault("COURSE_CACHE_DIR", tempfile.mkdtemp(prefix="course-cache-"))

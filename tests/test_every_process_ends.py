@@ -1,7 +1,7 @@
 """Every command ends by itself: the training command with each option that starts machinery of its own (a
 compiler's thread pools, a loader's workers or pipeline, the monitor's sampler, the profiler, TensorBoard's
 writer, each way of spreading a run), alone and under torchrun on 2 ranks, exits with its code within seconds of
-its last line.
+its last line (tensor parallelism's launches: test_tensor_parallel.py).
 
 A process that outlives its work is a hang a learner meets from a terminal, and under torchrun on a GPU node every
 rank holds its memory until Slurm's limit. The cold compile cache matters: Inductor starts its compile workers only
@@ -36,8 +36,9 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 # (name, ranks, options, exit code): each starts machinery of its own; the single-process ones run the course's
-# default --distributed none, the launched ones every way of spreading a run over gloo ranks (TensorBoard's
-# writer runs in all of them). The compile modes are the two notebook 05 teaches (its torch.compile and CUDA
+# default --distributed none, the launched ones DDP and FSDP over gloo ranks (TensorBoard's writer runs in all of
+# them); tensor parallelism's launches, run to their end the same way, are test_tensor_parallel.py's. The compile
+# modes are the two notebook 05 teaches (its torch.compile and CUDA
 # graphs stages), each with a cold cache; the single-process one compiles the small CNN, whose few kernels start
 # the same compile workers as resnet18's many (a quarter of the compile time).
 OPTIONS = [
@@ -50,8 +51,6 @@ OPTIONS = [
     ("ddp with 2 workers, the monitor, a trace, bf16, compiled for CUDA graphs", 2,
      dict(distributed="ddp", workers=2, monitor="auto", amp="bf16", compile="reduce-overhead"), 0),
     ("fsdp with activation checkpointing", 2, dict(distributed="fsdp", activation_checkpointing=True), 0),
-    ("tp", 2, dict(distributed="tp", model="vit_tiny"), 0),
-    ("fsdp-tp", 4, dict(distributed="fsdp-tp", model="vit_tiny", tp_size=2), 0),
 ]
 
 

@@ -1,13 +1,15 @@
 """Tensor parallelism for real: a vision transformer split over two (and 2 x 2) gloo ranks on the CPU under
 torchrun, trained to the same losses as one process at the same global batch (and so do DDP and FSDP); its
-sharded checkpoint resumed on another layout; the combinations that cannot work refused by name."""
+sharded checkpoint resumed on another layout; the combinations that cannot work refused by name. Every launch
+runs to its end as from a terminal and must exit within seconds of its last line (the rule
+``test_every_process_ends.py`` sets for every command: these launches are its tensor-parallel cases)."""
 
 import pytest
 
 from course_utils.observe import communication
 from course_utils.observe.metrics import read_records
 from course_utils.observe.profiling import TRACE_FILE
-from course_utils.parallel.launch import launch
+from course_utils.parallel.launch import torchrun_command
 from course_utils.parallel.layout import Layout
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
@@ -25,14 +27,14 @@ def _vit_run(tiny_root, out, **extra) -> dict:
             "progress": False, "out": out, "batch_size": GLOBAL_BATCH, **extra}
 
 
-def _ranks(count, tiny_root, out, expect_ok=True, **extra):
-    """The run on ``count`` torchrun ranks; a failure it did not expect shows the ranks' last lines."""
+def _ranks(count, tiny_root, out, run_to_end, code=0, **extra):
+    """The run on ``count`` torchrun ranks, ended with ``code`` within seconds of its last line (its output
+    shown otherwise)."""
     flags = to_flags(**_vit_run(tiny_root, out, **extra))
-    result = launch(count, "course_utils.train", *flags, log_dir=out.with_name(f"{out.name}-logs"), echo=False,
-                    timeout_seconds=300)
-    if result.ok != expect_ok:
-        pytest.fail("\n".join(result.lines[-30:]))
-    return result
+    ended = run_to_end(torchrun_command(count, "course_utils.train", tuple(flags), out.with_name(f"{out.name}-logs")),
+                       timeout=300)
+    ended.assert_ended(code)
+    return ended
 
 
 def _losses(out) -> list[float]:
@@ -55,11 +57,11 @@ def test_the_vision_transformer_has_its_sizes():
 
 
 @pytest.mark.oldest
-def test_tensor_parallel_trains_like_one_process(single, tiny_root, tmp_path, run_summary):
+def test_tensor_parallel_trains_like_one_process(single, tiny_root, tmp_path, run_summary, run_to_end):
     out = tmp_path / "tp"
-    result = _ranks(2, tiny_root, out, distributed="tp", checkpoint_every=4)
+    _ranks(2, tiny_root, out, run_to_end, distributed="tp", checkpoint_every=4)
     assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
-    summary = result.summary
+    summary = run_summary(out)
     assert summary["tensor_parallel_size"] == 2 and summary["global_batch_size"] == GLOBAL_BATCH
     assert summary["test_loss"] == pytest.approx(run_summary(single)["test_loss"], rel=1e-5)
     whole = summary["parameters"] * 4
@@ -68,26 +70,27 @@ def test_tensor_parallel_trains_like_one_process(single, tiny_root, tmp_path, ru
         assert whole / 2 < rank["step_memory_bytes"]["parameters"] < whole
 
 
-def test_fsdp_over_tensor_parallel_pairs_trains_like_one_process(single, tiny_root, tmp_path):
+def test_fsdp_over_tensor_parallel_pairs_trains_like_one_process(single, tiny_root, tmp_path, run_summary,
+                                                                 run_to_end):
     out = tmp_path / "fsdp-tp"
-    result = _ranks(4, tiny_root, out, distributed="fsdp-tp", tp_size=2, batch_size=GLOBAL_BATCH // 2)
-    assert result.summary["global_batch_size"] == GLOBAL_BATCH
+    _ranks(4, tiny_root, out, run_to_end, distributed="fsdp-tp", tp_size=2, batch_size=GLOBAL_BATCH // 2)
+    assert run_summary(out)["global_batch_size"] == GLOBAL_BATCH
     assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
 
 
 @pytest.mark.oldest
-def test_a_tensor_parallel_checkpoint_resumes_under_fsdp(single, tiny_root, tmp_path):
+def test_a_tensor_parallel_checkpoint_resumes_under_fsdp(single, tiny_root, tmp_path, run_to_end):
     out = tmp_path / "stopped"
-    _ranks(2, tiny_root, out, distributed="tp", max_steps=2, checkpoint_every=1)
+    _ranks(2, tiny_root, out, run_to_end, distributed="tp", max_steps=2, checkpoint_every=1)
     newest = checkpoint.candidates(RunFolder(out).checkpoints)[0]
     assert newest.name == "step-00000002.dcp" and newest.is_dir()
     # FSDP on two ranks of 8 images continues tensor parallelism on two ranks of 16: the same global batch.
-    resumed = _ranks(2, tiny_root, out, distributed="fsdp", batch_size=GLOBAL_BATCH // 2, resume="auto")
-    assert "resuming from" in "\n".join(resumed.lines)
+    resumed = _ranks(2, tiny_root, out, run_to_end, distributed="fsdp", batch_size=GLOBAL_BATCH // 2, resume="auto")
+    assert "resuming from" in resumed.output
     assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
 
 
-def test_what_tensor_parallelism_cannot_split_is_refused_by_name(tiny_root, tmp_path):
+def test_what_tensor_parallelism_cannot_split_is_refused_by_name(tiny_root, tmp_path, run_to_end):
     """Each refusal of a layout reaches the learner from every rank of a launch; their words are
     :class:`Layout`'s, every one of which the table below checks."""
     with pytest.raises(ValueError, match="--model small_cnn_gn has none: choose --model from vit_tiny"):
@@ -97,23 +100,24 @@ def test_what_tensor_parallelism_cannot_split_is_refused_by_name(tiny_root, tmp_
     with pytest.raises(ValueError, match="--tp-size splits each layer over ranks; --distributed is ddp"):
         train(**_vit_run(tiny_root, str(tmp_path / "ddp"), distributed="ddp", tp_size=2))
     # Refused from the sizes alone, before any data is read: here there is none to read.
-    refused = _ranks(3, tmp_path / "no-data", tmp_path / "three", expect_ok=False, distributed="tp")
-    assert "3 tensor-parallel ranks cannot split 4 attention heads evenly" in "\n".join(refused.lines)
+    refused = _ranks(3, tmp_path / "no-data", tmp_path / "three", run_to_end, code=1, distributed="tp")
+    assert "3 tensor-parallel ranks cannot split 4 attention heads evenly" in refused.output
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_the_data_parallel_modes_train_the_vision_transformer_like_one_process(mode, single, tiny_root, tmp_path):
+def test_the_data_parallel_modes_train_the_vision_transformer_like_one_process(mode, single, tiny_root, tmp_path,
+                                                                              run_summary, run_to_end):
     """Notebook 11's comparison at the same global batch: the losses every mode reaches are the one process's.
     Its communication column, on a real gloo trace of the DDP run: DDP all-reduces each gradient once a step,
     so the bytes a step's collectives took are the model's parameters in float32, plus the few bytes the command
     itself exchanges (the logged loss, the agreement on a stop signal)."""
     out = tmp_path / mode
     traced = {"trace": tmp_path / "trace"} if mode == "ddp" else {}
-    result = _ranks(2, tiny_root, out, distributed=mode, batch_size=GLOBAL_BATCH // 2, **traced)
+    _ranks(2, tiny_root, out, run_to_end, distributed=mode, batch_size=GLOBAL_BATCH // 2, **traced)
     assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
     if traced:
         per_step = communication.collective_bytes(tmp_path / "trace" / TRACE_FILE)
-        gradients = 4 * result.summary["parameters"]
+        gradients = 4 * run_summary(out)["parameters"]
         assert per_step and all(0 <= step - gradients < 1024 for step in per_step), (per_step, gradients)
 
 
