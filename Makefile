@@ -31,7 +31,7 @@ help:
 	@echo "make setup        only create .venv and install the pinned packages and course_utils"
 	@echo "make data         only prepare the data for the active size (COURSE_SIZE=ci|workshop)"
 	@echo "make tensorboard  serve the runs' TensorBoard logs on 127.0.0.1:6006"
-	@echo "make figures      draw the lessons' diagrams into img/ (course_utils.lessons.diagrams)"
+	@echo "make figures      draw the lessons' diagrams into img/ (course_utils.tooling.diagrams)"
 	@echo "make screenshots  run notebooks 00-02 in Chromium and refresh the reference screenshots in img/screenshots/"
 
 $(BIN)/python:
@@ -118,7 +118,7 @@ tensorboard: setup
 
 # The diagrams the notebooks show, drawn by code so that a change to one is a change to its code.
 figures: setup
-	$(BIN)/python -m course_utils.lessons.diagrams img
+	$(BIN)/python -m course_utils.tooling.diagrams img
 
 # The browser test (Debian's chromium) run for its screenshots: img/screenshots/ gets one per notebook.
 screenshots: setup

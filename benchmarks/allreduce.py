@@ -15,9 +15,9 @@ from pathlib import Path
 
 from course_utils import config
 from course_utils.devices import device_name
+from course_utils.doctor import allreduce
+from course_utils.experiments import reference
 from course_utils.experiments.machine_shape import parallel_shape
-from course_utils.lessons import reference
-from course_utils.parallel import allreduce
 from course_utils.parallel.launch import launch
 
 
@@ -29,7 +29,7 @@ def main() -> None:
     shape = parallel_shape()
     with tempfile.TemporaryDirectory() as out:
         path = Path(out) / "allreduce.json"
-        result = launch(shape.ranks, "course_utils.parallel.allreduce", "--max-bytes", args.max_bytes, "--iterations",
+        result = launch(shape.ranks, "course_utils.doctor.allreduce", "--max-bytes", args.max_bytes, "--iterations",
                         str(args.iterations), "--out", str(path), "--device", shape.device)
         if not result.ok:
             raise SystemExit(f"the all-reduce sweep failed (exit {result.returncode})")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 
-from course_utils.lessons import reference
+from course_utils.experiments import reference
 from course_utils.train import train
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 
 from course_utils import devices
-from course_utils.lessons import reference
-from course_utils.lessons.reference import Goal
+from course_utils.experiments import reference
+from course_utils.experiments.reference import Goal
 from course_utils.observe import flops
 
 MATMUL_SHARE_GOAL = 0.60

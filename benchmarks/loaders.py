@@ -23,8 +23,9 @@ import pandas as pd
 
 from course_utils import config
 from course_utils.devices import default_device, device_name
-from course_utils.lessons import data_loading, reference
-from course_utils.lessons.reference import Goal
+from course_utils.experiments import reference
+from course_utils.experiments.reference import Goal
+from course_utils.lessons import data_loading
 
 SOURCE = ("the model never waits for data: training reaches the model's own speed within the 5 % a step varies by; "
           "KellerJordan/cifar10-airbench keeps CIFAR and its augmentation on the GPU for its records")

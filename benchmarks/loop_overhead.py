@@ -22,7 +22,7 @@ from torch import nn
 from course_utils import devices
 from course_utils.data.datasets import SyntheticImages
 from course_utils.data.loaders import build_loader
-from course_utils.lessons import reference
+from course_utils.experiments import reference
 from course_utils.observe.clocks import warmup_steps
 from course_utils.observe.noise import Measurement, compare
 from course_utils.train import train

@@ -17,9 +17,10 @@ from dataclasses import asdict
 
 from course_utils import config
 from course_utils.devices import default_device, device_name
+from course_utils.experiments import reference
 from course_utils.experiments.machine_shape import parallel_shape
 from course_utils.experiments.runs import measured_steps
-from course_utils.lessons import memory_ladder, reference
+from course_utils.lessons import memory_ladder
 
 
 def main() -> None:

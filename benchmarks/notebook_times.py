@@ -27,9 +27,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from course_utils import config
-from course_utils.lessons import notebook_times, time_lines
-from course_utils.lessons.notebook_times import NotebookTime
 from course_utils.observe.other_work import OtherWork
+from course_utils.tooling import notebook_times, time_lines
+from course_utils.tooling.notebook_times import NotebookTime
 
 
 def chosen(names: list[str], folder: Path) -> list[Path]:

@@ -18,10 +18,10 @@ import pandas as pd
 
 from course_utils import config
 from course_utils.devices import default_device, device_name
+from course_utils.experiments import reference
 from course_utils.experiments.machine_shape import gpu_count
 from course_utils.experiments.modes import compare_modes
 from course_utils.experiments.runs import measured_steps
-from course_utils.lessons import reference
 from course_utils.observe.noise import Measurement
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from course_utils import config
 from course_utils.devices import default_device, device_name
-from course_utils.lessons import reference
+from course_utils.experiments import reference
 from course_utils.lessons.precision import STAGES, progression_goals, step_progression
 
 

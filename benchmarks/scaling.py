@@ -18,9 +18,10 @@ import pandas as pd
 
 from course_utils import config
 from course_utils.devices import device_name
+from course_utils.experiments import reference
 from course_utils.experiments.machine_shape import parallel_shape
 from course_utils.experiments.runs import measured_steps
-from course_utils.lessons import reference, scaling
+from course_utils.lessons import scaling
 
 
 def main() -> None:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.parallel import bounded_reading, comm_failures, transport
-from course_utils.parallel import interconnect_health as health
+from course_utils import bounded_reading
+from course_utils.doctor import comm_failures, transport
+from course_utils.doctor import interconnect_health as health
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NCCL = FIXTURES / "nccl"
@@ -125,12 +126,12 @@ def run_limited(command: list[str], module: str, headroom: int = 200 * 2**20) ->
 @pytest.mark.slow
 def test_a_log_of_hundreds_of_megabytes_is_read_in_a_stream_under_a_memory_limit(tmp_path):
     log = _log_with_a_hole(tmp_path / "job.err", "torchrun_root_cause_sigkill.log")
-    said = run_limited([sys.executable, "-m", "course_utils.parallel.comm_failures", str(log)],
-                       "course_utils.parallel.comm_failures")
+    said = run_limited([sys.executable, "-m", "course_utils.doctor.comm_failures", str(log)],
+                       "course_utils.doctor.comm_failures")
     assert said.returncode == 0, said.stderr[-2000:]
     assert said.stdout.startswith("communication log: a rank was killed from outside"), said.stdout
-    said = run_limited([sys.executable, "-m", "course_utils.parallel.transport", str(log)],
-                       "course_utils.parallel.transport")
+    said = run_limited([sys.executable, "-m", "course_utils.doctor.transport", str(log)],
+                       "course_utils.doctor.transport")
     assert said.returncode == 0 and "InfiniBand" in said.stdout, said.stderr[-2000:]
 
 
@@ -200,7 +201,7 @@ NOT_A_LOG = {
     "NUL bytes": (_nul_bytes, "is binary, not a text log"),
     "bytes that are not UTF-8": (_not_utf8, "is binary, not a text log"),
 }
-READERS = ("course_utils.parallel.comm_failures", "course_utils.parallel.transport")
+READERS = ("course_utils.doctor.comm_failures", "course_utils.doctor.transport")
 
 
 @pytest.mark.parametrize("reader", READERS, ids=lambda name: name.rsplit(".", 1)[1])
@@ -231,7 +232,7 @@ def test_an_unreadable_log_is_named_with_the_fix(tmp_path):
     log = tmp_path / "job.err"
     log.write_text("\n".join(_lines("torch_watchdog_timeout.log")) + "\n")
     log.chmod(0)
-    done = subprocess.run([sys.executable, "-m", "course_utils.parallel.comm_failures", str(log)],
+    done = subprocess.run([sys.executable, "-m", "course_utils.doctor.comm_failures", str(log)],
                           capture_output=True, text=True, timeout=COMMAND_SECONDS,
                           preexec_fn=_without_root_s_reading_rights if os.geteuid() == 0 else None)
     assert done.returncode == 2, done.stderr
@@ -250,7 +251,7 @@ def test_the_first_line_of_a_log_that_is_text_is_read_as_before(tmp_path):
 # --- the interconnect health check's result files -------------------------------------------------------------------
 
 def _health(folder: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "course_utils.parallel.interconnect_health", str(folder)],
+    return subprocess.run([sys.executable, "-m", "course_utils.doctor.interconnect_health", str(folder)],
                           capture_output=True, text=True, timeout=COMMAND_SECONDS)
 
 

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from course_utils.lessons import cloud_vms
-from course_utils.lessons.cloud_vms import answer, comparison, main
+from course_utils.lessons.cloud_vms import answer, main, side_by_side
 
 
 def _summary(ranks, epoch_seconds, batch_size=64, utilization=(97.2, 95.6)):
@@ -19,7 +19,7 @@ def _summary(ranks, epoch_seconds, batch_size=64, utilization=(97.2, 95.6)):
 
 
 def test_the_class_row_and_this_runs_row():
-    table = comparison(_summary(1, [100.0, 80.0]), _summary(2, [50.0, 50.0]))
+    table = side_by_side(_summary(1, [100.0, 80.0]), _summary(2, [50.0, 50.0]))
     the_class, this_run = table.to_dict("records")
     assert the_class["speedup"] == pytest.approx(3452 / 1878) and round(the_class["speedup"], 2) == 1.84
     assert the_class["efficiency"] == pytest.approx(0.919, abs=1e-3)
@@ -27,21 +27,21 @@ def test_the_class_row_and_this_runs_row():
     text = answer(table)
     assert "The class: **1.84x** from one VM to two (92% efficiency)" in text and "This run: **1.80x** (90%)" in text
     assert "CPU processes of one machine" not in text
-    on_a_cpu = comparison(_summary(1, [100.0, 80.0]), {**_summary(2, [50.0, 50.0]), "device": "CPU"})
+    on_a_cpu = side_by_side(_summary(1, [100.0, 80.0]), {**_summary(2, [50.0, 50.0]), "device": "CPU"})
     assert "CPU processes of one machine" in answer(on_a_cpu)
     assert this_run["utilization"] == "node 0: 97 %, node 1: 96 %" and "node 1: 96 %." in text
 
 
 def test_utilization_per_node_says_what_was_not_sampled_or_read():
-    assert comparison(_summary(1, [2.0]), _summary(2, [1.0], utilization=()))["utilization"][1] == (
+    assert side_by_side(_summary(1, [2.0]), _summary(2, [1.0], utilization=()))["utilization"][1] == (
         "not sampled (--monitor)")
-    assert comparison(_summary(1, [2.0]), _summary(2, [1.0], utilization=(None, 50.0)))["utilization"][1] == (
+    assert side_by_side(_summary(1, [2.0]), _summary(2, [1.0], utilization=(None, 50.0)))["utilization"][1] == (
         "node 0: not readable, node 1: 50 %")
 
 
 def test_runs_at_different_batches_per_gpu_are_refused():
     with pytest.raises(ValueError, match="--batch-size"):
-        comparison(_summary(1, [10.0]), _summary(2, [6.0], batch_size=32))
+        side_by_side(_summary(1, [10.0]), _summary(2, [6.0], batch_size=32))
 
 
 def test_a_run_that_did_not_finish_is_one_line(tmp_path, capsys):

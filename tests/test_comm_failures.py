@@ -4,8 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import doctor
-from course_utils.parallel import comm_failures
+from course_utils.doctor import comm_failures, examination
 
 NCCL = Path(__file__).parent / "fixtures" / "nccl"  # failures/ and field/: sources in fixtures/README.md
 
@@ -87,7 +86,7 @@ def test_a_later_set_up_left_hanging_on_lumi_is_only_consistent_with_the_new_gro
     assert sentence.startswith("communication log: consistent with a known report, not certain: ")
     assert "it is this report if the job ran LUMI AI Factory's image of 2026-08-07" in sentence
     assert "Fix: export FI_MR_CACHE_MONITOR=userfaultfd" in sentence
-    assert "is consistent with a known report (not certain)" in " ".join(doctor.advise([], [], diagnosis))
+    assert "is consistent with a known report (not certain)" in " ".join(examination.advise([], [], diagnosis))
     # no set-up left hanging, or not LUMI's network, or an error, or RCCL of another ROCm than the image's: not it
     banner = [line for line in _lines("rccl_no_plugin_socket_one_node.log") if "ROCm version" in line]
     watchdog = _lines("torch_watchdog_timeout.log")

@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from course_utils.doctor import comm_failures
 from course_utils.lessons import crash_restart
-from course_utils.parallel import comm_failures
 from course_utils.train import train
 from course_utils.training.options import to_flags
 

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from course_utils.config import checkout_root
-from course_utils.lessons import diagrams
+from course_utils.tooling import diagrams
 
 IMG = checkout_root() / "img"
 SHOWN_IN = {"dataparallel_vs_ddp": ["06_dataparallel", "07_ddp"], "ring_allreduce": ["07_ddp"],
@@ -16,7 +16,7 @@ SHOWN_IN = {"dataparallel_vs_ddp": ["06_dataparallel", "07_ddp"], "ring_allreduc
 
 def test_make_figures_draws_every_figure_into_img():
     dry_run = subprocess.run(["make", "-n", "figures"], cwd=checkout_root(), capture_output=True, text=True).stdout
-    assert "-m course_utils.lessons.diagrams img" in dry_run
+    assert "-m course_utils.tooling.diagrams img" in dry_run
 
 
 def test_every_figure_is_drawn_and_the_repository_keeps_it(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from nbclient import NotebookClient
 
 from course_utils.lessons import baseline, data_loading, monitoring, precision, profiling
-from course_utils.lessons.exercises import Check
+from course_utils.tooling.exercises import Check
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9]*.ipynb"))
 SOLUTION = re.compile(r"<details><summary>Solution (\d+)</summary>\s*```python\n(.*?)```", re.S)

@@ -16,12 +16,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from course_utils import doctor
+from course_utils.doctor import examination, hangs
 from course_utils.lessons import when_it_breaks
-from course_utils.lessons.exercises import Check
 from course_utils.lessons.script_series import shipped_script
-from course_utils.parallel import hangs, launched_processes
+from course_utils.parallel import launched_processes
 from course_utils.parallel.launch import torchrun_command
+from course_utils.tooling.exercises import Check
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -85,10 +85,10 @@ def test_py_spy_reads_each_ranks_stack_in_mismatched_collectives_and_the_doctor_
     hang = when_it_breaks.launch_hang(script, "order", "cpu", folder=tmp_path / "order", timeout_seconds=15,
                                       look=_watched(when_it_breaks.stacks, seen))
     assert set(hang.looked) == {0, 1}, hang.looked
-    looks = [doctor.read_stack(rank, 0, stack, 0.0) for rank, stack in sorted(hang.looked.items())]
+    looks = [examination.read_stack(rank, 0, stack, 0.0) for rank, stack in sorted(hang.looked.items())]
     assert [look.collective for look in looks] == ["all_reduce", "broadcast"], hang.looked
     assert all(look.script_line.startswith("hang.py:") for look in looks), hang.looked
-    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in doctor.advise(looks, [], None)[0]
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in examination.advise(looks, [], None)[0]
     assert hang.seconds < BOUND_SECONDS
     _nothing_left(seen)
 
@@ -108,7 +108,7 @@ DIES = """import os, signal, sys
 from datetime import timedelta
 import torch
 import torch.distributed as dist
-from course_utils.parallel.hangs import keep_flight_record
+from course_utils.doctor.hangs import keep_flight_record
 records, timeout = sys.argv[1], float(sys.argv[2])
 dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
 rank = dist.get_rank()
@@ -179,10 +179,10 @@ def test_the_doctor_finds_the_tasks_of_a_slurm_step_started_without_torchrun(tmp
 
 
 def test_a_gpu_at_full_utilization_and_idle_power_is_named_as_spinning():
-    spinning = doctor.Reading(0, "GPU", utilization_percent=100, power_watts=90, power_limit_watts=700)
-    working = doctor.Reading(1, "GPU", utilization_percent=100, power_watts=560, power_limit_watts=700)
-    idle = doctor.Reading(2, "GPU", utilization_percent=0, power_watts=60, power_limit_watts=700)
-    assert doctor.spinning_gpus([spinning, working, idle]) == [0]
+    spinning = examination.Reading(0, "GPU", utilization_percent=100, power_watts=90, power_limit_watts=700)
+    working = examination.Reading(1, "GPU", utilization_percent=100, power_watts=560, power_limit_watts=700)
+    idle = examination.Reading(2, "GPU", utilization_percent=0, power_watts=60, power_limit_watts=700)
+    assert examination.spinning_gpus([spinning, working, idle]) == [0]
 
 
 # --- the exercise --------------------------------------------------------------------------------------------
@@ -242,16 +242,16 @@ def test_a_stack_read_from_a_jupyter_kernel_is_plain_text_the_doctor_can_parse(m
         sleeper.kill()
         sleeper.wait()
     assert "\x1b" not in stack, repr(stack[:300])
-    look = doctor.read_stack(0, sleeper.pid, stack, cpu_percent=0.0)
+    look = examination.read_stack(0, sleeper.pid, stack, cpu_percent=0.0)
     assert look.read and look.script_line == "<string>:3 in wait", look
 
 
 def test_a_stack_that_was_not_read_is_never_taken_for_a_rank_outside_the_collectives():
-    unread = doctor.read_stack(1, 4321, "py-spy could not read pid 4321: Permission denied", cpu_percent=0.0)
-    waiting = doctor.read_stack(0, 1234, 'Thread 1 (idle): "MainThread"\n    all_reduce (torch/distributed/'
+    unread = examination.read_stack(1, 4321, "py-spy could not read pid 4321: Permission denied", cpu_percent=0.0)
+    waiting = examination.read_stack(0, 1234, 'Thread 1 (idle): "MainThread"\n    all_reduce (torch/distributed/'
                                          'distributed_c10d.py:3913)\n    <module> (hang.py:38)\n', cpu_percent=0.0)
     assert "stack not read (py-spy could not read pid 4321" in unread.line()
-    advice = doctor.advise([waiting, unread], [], None)
+    advice = examination.advise([waiting, unread], [], None)
     assert any("rank(s) 1: the stack was not read" in line for line in advice), advice
     assert not any("never reached the collective" in line or "no rank is in a collective" in line for line in advice)
 
@@ -261,19 +261,19 @@ def test_the_doctor_shows_the_gpus_the_jobs_ranks_were_given_not_the_whole_share
     ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                               env={**os.environ, "ROCR_VISIBLE_DEVICES": str(gpu)}) for gpu in (2, 3)]
     try:
-        gpus = doctor.job_gpus([launched_processes.environment(psutil.Process(rank.pid)) for rank in ranks])
+        gpus = examination.job_gpus([launched_processes.environment(psutil.Process(rank.pid)) for rank in ranks])
     finally:
         for rank in ranks:
             rank.kill()
             rank.wait()
     assert gpus == ({2, 3}, "ROCR_VISIBLE_DEVICES")
-    node = [doctor.Reading(index, "AMD Instinct MI250X") for index in range(8)]
-    shown, line = doctor.the_jobs(node, gpus)
+    node = [examination.Reading(index, "AMD Instinct MI250X") for index in range(8)]
+    shown, line = examination.the_jobs(node, gpus)
     assert [reading.index for reading in shown] == [2, 3]
     assert line == "devices: the job's GPU(s) 2, 3 (its ranks' ROCR_VISIBLE_DEVICES), of the node's 8"
-    assert doctor.the_jobs(node, doctor.job_gpus([{"CUDA_VISIBLE_DEVICES": "GPU-5e8f"}])) == (node, "")
-    assert doctor.job_gpus([{"CUDA_VISIBLE_DEVICES": "0"}, {}]) is None  # one rank sees them all
-    shown, line = doctor.the_jobs(node, ({9}, "CUDA_VISIBLE_DEVICES"))
+    assert examination.the_jobs(node, examination.job_gpus([{"CUDA_VISIBLE_DEVICES": "GPU-5e8f"}])) == (node, "")
+    assert examination.job_gpus([{"CUDA_VISIBLE_DEVICES": "0"}, {}]) is None  # one rank sees them all
+    shown, line = examination.the_jobs(node, ({9}, "CUDA_VISIBLE_DEVICES"))
     assert shown == node and "which the monitor does not list" in line
 
 
@@ -290,7 +290,7 @@ def test_without_pid_the_doctor_lists_each_job_with_what_it_runs_and_with_none_n
             for job in (1, 2)]
     try:
         with pytest.raises(SystemExit) as refused:
-            doctor.find_job(None)
+            examination.find_job(None)
         said = str(refused.value)
         assert "torchrun jobs of yours run on this node; name one with --pid" in said, said
         for job in (1, 2):
@@ -299,5 +299,5 @@ def test_without_pid_the_doctor_lists_each_job_with_what_it_runs_and_with_none_n
         for job in jobs:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
-    none = doctor.not_one_job([])
+    none = examination.not_one_job([])
     assert f"no torchrun job of yours runs on this node ({socket.gethostname()})" in none and "srun --overlap" in none

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from course_utils.config import checkout_root
-from course_utils.parallel import interconnect_health as health
+from course_utils.doctor import interconnect_health as health
 
 FIXTURES = checkout_root() / "tests" / "fixtures" / "interconnect"
 MIB = 2**20

@@ -17,14 +17,14 @@ import pandas as pd
 import pytest
 
 from course_utils.config import checkout_root
-from course_utils.parallel.allreduce import build_parser as allreduce_parser
-from course_utils.parallel.interconnect_health import build_parser as health_parser
+from course_utils.doctor.allreduce import build_parser as allreduce_parser
+from course_utils.doctor.interconnect_health import build_parser as health_parser
 from course_utils.run_folder import RunFolder
 from course_utils.training.options import build_parser as train_parser
 
 SCRIPTS = sorted(p for p in (checkout_root() / "jobs").rglob("*") if p.suffix in (".sbatch", ".sh"))
-ENTRY_POINTS = {"course_utils.train": train_parser(), "course_utils.parallel.allreduce": allreduce_parser(),
-                "course_utils.parallel.interconnect_health": health_parser()}
+ENTRY_POINTS = {"course_utils.train": train_parser(), "course_utils.doctor.allreduce": allreduce_parser(),
+                "course_utils.doctor.interconnect_health": health_parser()}
 
 
 def _flags(script: Path, module: str) -> list[str]:

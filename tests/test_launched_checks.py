@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from course_utils.lessons import ddp, memory_ladder, model_parallel
-from course_utils.lessons.exercises import Check
 from course_utils.lessons.script_series import shipped_script
+from course_utils.tooling.exercises import Check
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # every test here starts torchrun and its ranks
 

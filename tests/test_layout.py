@@ -32,3 +32,45 @@ def test_the_command_line_offers_every_mode_with_its_help():
 def test_a_mistyped_mode_is_named_with_the_choices(tmp_path):
     with pytest.raises(ValueError, match="unknown --distributed mode 'DDP'; choose one of: none, dp, ddp, fsdp, tp"):
         train(size="ci", model="resnet18", distributed="DDP", out=tmp_path)
+
+
+def test_a_new_mode_is_a_row_of_the_table_and_every_list_of_modes_knows_it(monkeypatch):
+    """A contributor adds a mode as a row of MODES (and, if it distributes the model a new way, its lines in
+    training.setup._distribute): the wrappers, the modes notebooks 06 and 07 compare, the parallelisms notebook 11
+    compares and the memory forecast all read the row's facts, so none misses it (the command's choices are the
+    table's names, read when the options are first imported: the test above)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from course_utils import config
+    from course_utils.experiments.machine_shape import parallel_shape
+    from course_utils.experiments.modes import whole_model_modes
+    from course_utils.lessons import memory_forecast, model_parallel
+    from course_utils.parallel import wrappers
+    from course_utils.parallel.layout import Mode
+
+    monkeypatch.setitem(MODES, "ddp-new", Mode("a new data-parallel mode", one_process_per_device=True))
+    monkeypatch.setitem(MODES, "dp-new", Mode("a new one-process mode", all_gpus_in_one_process=True))
+    monkeypatch.setitem(MODES, "fsdp-new", Mode("a new sharded mode", one_process_per_device=True, fsdp=True))
+    assert {"ddp-new", "dp-new"} <= set(whole_model_modes()) and "fsdp-new" not in whole_model_modes()
+
+    assert isinstance(wrappers.wrap(nn.Linear(2, 2), "dp-new", torch.device("cpu")), wrappers.NamedDataParallel)
+    with pytest.raises(ValueError, match="--distributed fsdp-new splits it"):
+        wrappers.wrap(nn.Linear(2, 2), "fsdp-new", torch.device("cpu"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        wrapped = wrappers.wrap(nn.Linear(2, 2), "ddp-new", torch.device("cpu"))
+        assert isinstance(wrapped, nn.parallel.DistributedDataParallel)
+    finally:
+        dist.destroy_process_group()
+
+    plan = model_parallel.parallelism_plan(parallel_shape(0), config.get_size("ci"))
+    ranks = {run.name: run.options["ranks"] for run in plan.runs}
+    assert ranks["ddp-new"] == 2 and ranks["fsdp-new"] == 2 and "dp-new" not in ranks
+
+    run = dict(model="small_cnn", batch_size=8, image_size=32)
+    assert (memory_forecast.predict_step(ranks=2, distributed="ddp-new", **run)
+            == memory_forecast.predict_step(ranks=2, distributed="ddp", **run))
+    assert (memory_forecast.predict_step(ranks=2, distributed="fsdp-new", **run)
+            == memory_forecast.predict_step(ranks=2, distributed="fsdp", **run))

@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from course_utils.lessons import baseline, monitoring, reference
+from course_utils.experiments import reference
+from course_utils.lessons import baseline, monitoring
 from course_utils.observe.metrics import Run
 
 
@@ -71,7 +72,7 @@ def _sweep(rows: list[tuple]) -> pd.DataFrame:
 
 def test_process_memory_that_does_not_grow_is_not_explained_as_growth():
     """The known bad case: 02 printed "peak memory grew 1.0x" on a CPU and then explained why memory grows."""
-    text = monitoring.batch_size(_sweep([("small_cnn", 16, 1e5, 0.1, 900.0, 0.3, 512.0, "process"),
+    text = monitoring.batch_size_answer(_sweep([("small_cnn", 16, 1e5, 0.1, 900.0, 0.3, 512.0, "process"),
                                          ("small_cnn", 64, 1e5, 0.1, 1000.0, 0.3, 515.0, "process")]))
     assert "grew **1.0x**" not in text and "**no measurable growth**" in text
     assert "throughput changed **1.11x**" in text and "**no measurable difference**" in text
@@ -79,17 +80,17 @@ def test_process_memory_that_does_not_grow_is_not_explained_as_growth():
 
 
 def test_allocator_memory_that_grows_is_explained():
-    text = monitoring.batch_size(_sweep([("resnet18", 32, 1e7, 1.0, 1000.0, 0.02, 1000.0, "allocator"),
+    text = monitoring.batch_size_answer(_sweep([("resnet18", 32, 1e7, 1.0, 1000.0, 0.02, 1000.0, "allocator"),
                                          ("resnet18", 128, 1e7, 1.0, 1500.0, 0.02, 3500.0, "allocator")]))
     assert "peak memory grew **3.5x** and throughput changed **1.50x**" in text and "**faster**" in text
     assert "Memory grows with the batch because activations are stored" in text
 
 
 def test_models_whose_speeds_differ_inside_the_spread_are_not_ranked():
-    text = monitoring.model_size(_sweep([("small_cnn", 64, 1e5, 0.1, 1000.0, 0.25, 1.0, "process"),
+    text = monitoring.model_size_answer(_sweep([("small_cnn", 64, 1e5, 0.1, 1000.0, 0.25, 1.0, "process"),
                                          ("resnet18", 64, 1e7, 1.1, 900.0, 0.25, 1.0, "process")]))
     assert "**no measurable difference**" in text
-    measured = monitoring.model_size(_sweep([("small_cnn", 64, 1e5, 0.1, 1000.0, 0.05, 1.0, "process"),
+    measured = monitoring.model_size_answer(_sweep([("small_cnn", 64, 1e5, 0.1, 1000.0, 0.05, 1.0, "process"),
                                              ("resnet18", 64, 1e7, 1.1, 200.0, 0.05, 1.0, "process")]))
     assert "small_cnn's speed over its is **5.00x**" in measured and "**faster**" in measured
 
@@ -99,7 +100,7 @@ def test_power_is_read_against_known_levels_with_throughput_as_the_work():
                    ("resnet152", 128, 6e7, 20.0, 300.0, 0.02, 1.0, "allocator")]).assign(
         utilization_percent=[99.0, 100.0], power_watts=[210.0, 480.0], power_limit_watts=560.0, power_note="",
         mfu=[0.1, 0.4])
-    text = monitoring.utilization_vs_power(rows)
+    text = monitoring.utilization_vs_power_answer(rows)
     assert "about **300 W** with one GCD busy and about **500 W** with both" in text and "**560 W**" in text
     assert "800 images/s, 10% MFU" in text and "Near the limit" not in text
 

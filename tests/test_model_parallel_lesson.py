@@ -170,7 +170,7 @@ def test_the_modes_answer_calls_overlapping_step_times_no_difference():
 def test_the_comparison_takes_the_machines_ranks_and_the_sizes_model(gpus, runs):
     shape = parallel_shape(gpus)
     size = config.get_size("workshop" if shape.on_gpus else "ci")
-    plan = model_parallel.comparison(shape, size)
+    plan = model_parallel.parallelism_plan(shape, size)
     assert {run.name: run.options["ranks"] for run in plan.runs} == runs
     assert all(run.options["distributed"] == run.name for run in plan.runs)
     assert (plan.options["model"], plan.options["image_size"]) == (("vit_small", 224) if gpus >= 2 else
@@ -189,10 +189,10 @@ def test_the_comparison_takes_the_machines_ranks_and_the_sizes_model(gpus, runs)
 def test_a_run_that_sets_what_the_comparison_sets_is_refused_by_name_before_any_run(tmp_path, option):
     """An out or trace of its own clashed with the comparison's in a raw TypeError; a batch size or step count
     of its own compared runs that did other work."""
-    plan = model_parallel.comparison(parallel_shape(0), config.get_size("ci"))
+    plan = model_parallel.parallelism_plan(parallel_shape(0), config.get_size("ci"))
     wrong = Variant("tp, its own", distributed="tp", ranks=2, **{option: 8})
     with pytest.raises(ValueError) as refused:
-        model_parallel.compare_modes([*plan.runs, wrong], tmp_path, **plan.options)
+        model_parallel.compare_parallelisms([*plan.runs, wrong], tmp_path, **plan.options)
     assert str(refused.value) == (f"variant 'tp, its own' sets {option}, which the experiment sets for every run: "
                                   f"{option}: {model_parallel.SET_FOR_EVERY_RUN[option]}")
     assert not list(tmp_path.iterdir())

@@ -175,9 +175,9 @@ def test_the_power_answer_on_a_secondary_gcd_says_where_its_power_went():
     rows = pd.DataFrame([{"status": "ok", "model": "resnet18", "batch_size": 256, "utilization_percent": 91.0,
                           "power_watts": reading.power_watts, "power_limit_watts": reading.power_limit_watts,
                           "power_note": reading.power_note}])
-    text = monitoring.utilization_vs_power(rows)
+    text = monitoring.utilization_vs_power_answer(rows)
     assert "second GCD of its MI250X module" in text and "about **300 W**" in text and "**560 W**" in text
-    assert "machine without a GPU" in monitoring.utilization_vs_power(rows.assign(power_note=""))
+    assert "machine without a GPU" in monitoring.utilization_vs_power_answer(rows.assign(power_note=""))
 
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from course_utils import config
-from course_utils.lessons import notebook_times, time_lines
-from course_utils.lessons.notebook_times import NotebookTime
 from course_utils.observe import other_work
+from course_utils.tooling import notebook_times, time_lines
+from course_utils.tooling.notebook_times import NotebookTime
 
 ROOT = config.checkout_root()
 

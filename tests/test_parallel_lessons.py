@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from course_utils.lessons import ddp, memory_ladder, reference
+from course_utils.experiments import reference
+from course_utils.lessons import ddp, memory_ladder
 from course_utils.observe.noise import Measurement
 from course_utils.parallel.launch import launch
 
@@ -49,12 +50,13 @@ def test_a_ddp_cost_beyond_the_spread_is_reported_as_a_cost():
 
 
 def test_the_script_and_the_command_agree_within_the_spread_or_say_what_differs():
-    same = ddp.agreement([0.10, 0.11, 0.09, 0.10, 0.12, 0.10], [0.10, 0.105, 0.095, 0.11, 0.1, 0.1])
-    assert "**no measurable difference**" in ddp.agreement_answer(same)
-    apart = ddp.agreement([0.20, 0.21, 0.20, 0.20, 0.21], [0.10, 0.10, 0.101, 0.10, 0.10])
-    text = ddp.agreement_answer(apart)
+    same = ddp.speed_against_course([0.10, 0.11, 0.09, 0.10, 0.12, 0.10], [0.10, 0.105, 0.095, 0.11, 0.1, 0.1])
+    assert "**no measurable difference**" in ddp.speed_against_course_answer(same)
+    apart = ddp.speed_against_course([0.20, 0.21, 0.20, 0.20, 0.21], [0.10, 0.10, 0.101, 0.10, 0.10])
+    text = ddp.speed_against_course_answer(apart)
     assert "**slower**" in text and "a difference that stays is real" in text
-    assert "cannot be judged" in ddp.agreement_answer(ddp.agreement([0.1, 0.1], [0.1, 0.12, 0.11]))
+    too_few = ddp.speed_against_course([0.1, 0.1], [0.1, 0.12, 0.11])
+    assert "cannot be judged" in ddp.speed_against_course_answer(too_few)
 
 
 def _record(orders, samples=256):
@@ -180,8 +182,8 @@ def test_the_bus_bandwidth_check_names_what_a_wrong_factor_did():
 
 
 def test_the_capstone_answer_compares_means_and_calls_an_impossible_efficiency_disturbed():
+    from course_utils.doctor import transport
     from course_utils.lessons import detection
-    from course_utils.parallel import transport
 
     scaled = pd.DataFrame([
         {"ranks": 1, "global_batch": 8, "mean_iteration_seconds": 1.0, "speedup": 1.0, "efficiency": 1.0,

@@ -144,7 +144,7 @@ def test_the_underflow_check_tells_a_scaled_backward_pass_from_an_unscaled_one()
 def test_the_recorded_h100_progression_is_read_as_launch_bound_only_from_its_rounds():
     """The H100 recording (2 rounds per stage): only CUDA graphs were faster than fp32 in every round, at an fp32
     MFU of 0.09; two rounds give no spread, and the reading says so instead of calling anything measured."""
-    from course_utils.lessons import reference
+    from course_utils.experiments import reference
 
     text = precision.recorded_reading(reference.gpu_rows("progression"))
     assert "Measurably faster than fp32: no stage" in text and "2 rounds are too few for a spread" in text

@@ -1,5 +1,5 @@
 from course_utils import config
-from course_utils.lessons import reference
+from course_utils.experiments import reference
 
 
 def test_recorded_rows_come_back_with_device_date_and_data(tmp_path, monkeypatch):

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from course_utils.doctor import allreduce
+from course_utils.doctor.allreduce import bus_bandwidth, message_sizes, parse_bytes
 from course_utils.lessons import scaling
-from course_utils.parallel import allreduce
-from course_utils.parallel.allreduce import bus_bandwidth, message_sizes, parse_bytes
 from course_utils.parallel.launch import launch
 
 
@@ -25,7 +25,7 @@ def test_message_sizes_and_units():
 @pytest.mark.distributed
 def test_allreduce_benchmark_on_two_gloo_ranks(tmp_path):
     out = tmp_path / "allreduce.json"
-    result = launch(2, "course_utils.parallel.allreduce", "--max-bytes", "64K", "--iterations", "3", "--out", str(out),
+    result = launch(2, "course_utils.doctor.allreduce", "--max-bytes", "64K", "--iterations", "3", "--out", str(out),
                     log_dir=tmp_path / "logs", echo=False, timeout_seconds=120)
     assert result.ok, "\n".join(result.lines[-20:])
     rows = json.loads(out.read_text())

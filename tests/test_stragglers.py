@@ -4,8 +4,8 @@ that rank is named with what it cost the other."""
 
 import pytest
 
-from course_utils.lessons import stragglers, when_it_breaks
-from course_utils.parallel import hangs
+from course_utils.doctor import hangs, stragglers
+from course_utils.lessons import when_it_breaks
 from course_utils.parallel.launch import LaunchResult, last_lines, launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # torchrun and two gloo ranks in every test
@@ -14,7 +14,8 @@ DELAY_MS, STEPS = 80.0, 14
 
 
 def test_ranks_alike_have_no_straggler_and_the_slowed_one_is_named_with_its_cost(tmp_path):
-    stragglers.run(2, tmp_path / "ranks", slow_rank=1, delay_ms=DELAY_MS, steps=STEPS, alike_steps=STEPS)
+    when_it_breaks.launch_straggler(2, tmp_path / "ranks", slow_rank=1, delay_ms=DELAY_MS, steps=STEPS,
+                                    alike_steps=STEPS)
     table = stragglers.read_ranks(tmp_path / "ranks")
     alike, slowed = (table[table["phase"] == phase] for phase in ("alike", "one slowed"))
     assert sorted(slowed["step"].unique()) == list(range(STEPS, 2 * STEPS))
@@ -25,14 +26,14 @@ def test_ranks_alike_have_no_straggler_and_the_slowed_one_is_named_with_its_cost
     # Rank 0 waited at least most of the sleep, every step (it may wait longer: rank 1 also computes).
     assert verdict.waited[0] > 0.7 * DELAY_MS / 1000 * STEPS, verdict.sentence()
     assert "Rank 1 is the straggler" in verdict.sentence() and "rank 0 waited" in verdict.sentence()
-    assert stragglers.plot(slowed, "one rank slowed").axes
+    assert when_it_breaks.plot_rank_steps(slowed, "one rank slowed").axes
 
 
 def test_records_an_earlier_launch_left_are_never_read(tmp_path):
     out = tmp_path / "run"
-    stragglers.run(2, out, slow_rank=1, steps=4)
+    when_it_breaks.launch_straggler(2, out, slow_rank=1, steps=4)
     with pytest.raises(RuntimeError, match="failed"):
-        stragglers.run(2, out, delay_ms=-1)
+        when_it_breaks.launch_straggler(2, out, delay_ms=-1)
     assert not list(out.glob("rank-*.json"))
     with pytest.raises(FileNotFoundError, match="run the cell"):
         stragglers.read_ranks(out)
@@ -47,8 +48,10 @@ def test_the_doctor_beside_a_straggler_says_late_not_lost(tmp_path):
 
     # Rank 1 sleeps 2 s a batch: rank 0 waits in the all-reduce for all but its few ms of compute, so a majority of
     # five looks finds it there even on a busy machine, and rank 1's step counter moves within the looks' 4 s.
-    looked = hangs.beside(lambda: stragglers.run(2, tmp_path / "ranks", slow_rank=1, delay_ms=2000, steps=10),
-                          when_it_breaks.doctor_command(looks=5), training)
+    def slowed() -> LaunchResult:
+        return when_it_breaks.launch_straggler(2, tmp_path / "ranks", slow_rank=1, delay_ms=2000, steps=10)
+
+    looked = hangs.beside(slowed, when_it_breaks.doctor_command(looks=5), training)
     assert isinstance(looked.outcome, LaunchResult) and looked.outcome.ok, looked.outcome
     screen = looked.found
     assert isinstance(screen, str), "the ranks had finished before the doctor looked"

@@ -15,11 +15,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "course_utils"
 # Each part of the package may import its own floor and the floors below it, never one above.
 FLOORS = {
     "atomic_files": 0, "config": 0, "devices": 0, "notebook": 0, "run_folder": 0, "saved_notebooks": 0,
-    "shared_folders": 0, "versions": 0,
+    "shared_folders": 0, "versions": 0, "bounded_reading": 0,
     "data": 1, "observe": 1, "parallel": 1,
     "training": 2,
     "train": 3, "doctor": 3,
-    "experiments": 4,
+    "experiments": 4, "tooling": 4,
     "lessons": 5,
 }
 

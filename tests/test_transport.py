@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.parallel import transport
+from course_utils.doctor import transport
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
 

@@ -26,17 +26,23 @@ from course_utils.experiments.runs import (
     run_ranks,
     run_variants,
 )
+from course_utils.parallel.layout import MODES, mode_of
 from course_utils.train import train
 
 ONE_DEVICE = Variant("one device")
 DATA_PARALLEL = Variant("DataParallel", distributed="dp")
 DDP = Variant("DDP", distributed="ddp")
-HOW = ("none", "dp", "ddp")  # the values of a mode's ``distributed`` option
 SET_FOR_EVERY_MODE = {  # what compare_modes sets alike for each mode, so that they do the same work
     "out": "each mode's run folder is out / the mode's name; pass out= to compare_modes",
     "batch_size": "every mode trains the same batch per device; pass batch_size= to compare_modes",
     "max_steps": "every mode trains the same number of steps; pass steps= to compare_modes",
 }
+
+
+def whole_model_modes() -> tuple[str, ...]:
+    """The ``distributed`` values a compared mode may take: every mode of :data:`course_utils.parallel.layout.MODES`
+    in which each device holds the whole model (none, dp, ddp), as the comparison puts the same work on each."""
+    return tuple(name for name, facts in MODES.items() if not facts.sharded)
 
 
 def mode_row(summary: dict[str, Any], devices: int) -> dict[str, Any]:
@@ -83,27 +89,29 @@ def compare_modes(modes: Sequence[Variant] = (ONE_DEVICE, DATA_PARALLEL, DDP), s
     out = Path(out or config.runs_dir() / "parallel-modes")
     gpus = gpu_count()
     ddp_ranks = gpus or CPU_RANKS  # one rank per device, as in the other modes; on one GPU, DDP's own cost
+    allowed = whole_model_modes()
     for mode in modes:
-        if mode.options.get("distributed", "none") not in HOW:
+        if mode.options.get("distributed", "none") not in allowed:
             raise ValueError(f"mode {mode.name!r}: distributed={mode.options['distributed']!r}; a mode runs as one "
-                             f"of {', '.join(HOW)}")
+                             f"of {', '.join(allowed)}")
     refuse_options(modes, SET_FOR_EVERY_MODE)
 
     def run(mode: Variant) -> dict[str, Any]:
         how = mode.options.get("distributed", "none")
+        facts = mode_of(how)
         common = {"max_steps": steps, "monitor": "auto", **SCRATCH, **options,
                   **{name: value for name, value in mode.options.items() if name != "distributed"}}
         folder = out / mode.folder_name
-        if how == "ddp":
+        if facts.one_process_per_device:
             reusable = (ddp_summary is not None and ddp_summary["world_size"] == ddp_ranks
                         and ddp_summary["steps"] == steps and mode.options == DDP.options)
             summary = ddp_summary if reusable else run_ranks(ddp_ranks, folder, batch_size=batch, **common).summary
             return {"mode": f"{mode.name}, {summary['world_size']} ranks", "distributed": how,
                     **mode_row(summary, summary["world_size"])}
-        devices = max(1, gpus) if how == "dp" else 1
+        devices = max(1, gpus) if facts.all_gpus_in_one_process else 1
         with threads_of_a_rank(cpu_ranks(common)):
             summary = train(**common, batch_size=batch * devices, distributed=how, out=folder)
-        name = f"{mode.name}, {devices} device(s)" if how == "dp" else mode.name
+        name = f"{mode.name}, {devices} device(s)" if facts.all_gpus_in_one_process else mode.name
         return {"mode": name, "distributed": how, **mode_row(summary, devices)}
 
     table = run_variants(modes, run, desc="modes")

@@ -16,7 +16,6 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from course_utils.lessons.exercises import Check, fixed_batches, tiny_cnn
 from course_utils.observe.clocks import steady_median
 from course_utils.observe.metrics import Run
 from course_utils.observe.noise import (
@@ -29,6 +28,7 @@ from course_utils.observe.noise import (
     outside,
     spread_text,
 )
+from course_utils.tooling.exercises import Check, fixed_batches, tiny_cnn
 
 
 def _first_iterations(its: list[float], skip: int) -> str:

@@ -47,7 +47,7 @@ def _row(who: str, device: str, vms: tuple[int, int], seconds: tuple[float, floa
             "utilization": utilization}
 
 
-def comparison(small: dict[str, Any], large: dict[str, Any]) -> pd.DataFrame:
+def side_by_side(small: dict[str, Any], large: dict[str, Any]) -> pd.DataFrame:
     """The class's row and this run's: wall time of the training epochs on fewer and more VMs, speed-up and
     efficiency; ``small`` and ``large`` are the two runs' summaries (same batch per GPU)."""
     if small["config"]["batch_size"] != large["config"]["batch_size"]:
@@ -62,7 +62,7 @@ def comparison(small: dict[str, Any], large: dict[str, Any]) -> pd.DataFrame:
 
 
 def answer(table: pd.DataFrame) -> str:
-    """Markdown: the class's speed-up beside this run's, read from :func:`comparison`'s table."""
+    """Markdown: the class's speed-up beside this run's, read from :func:`side_by_side`'s table."""
     theirs, ours = table.iloc[0], table.iloc[1]
     lines = [
         f"- The class: **{theirs['speedup']:.2f}x** from one VM to two ({theirs['efficiency']:.0%} efficiency), "
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("large", type=Path, help="run folder of the run on more VMs")
     args = parser.parse_args(argv)
     try:
-        table = comparison(RunFolder(args.small).read_summary(), RunFolder(args.large).read_summary())
+        table = side_by_side(RunFolder(args.small).read_summary(), RunFolder(args.large).read_summary())
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -22,11 +22,11 @@ from tqdm.auto import tqdm
 from course_utils import config, devices
 from course_utils.data.datasets import SyntheticImages
 from course_utils.data.loaders import DelayedCollate
-from course_utils.lessons.exercises import Check
 from course_utils.lessons.triage import BALANCE, judge, loading_cost_us, triage
 from course_utils.observe.clocks import timed_rate
 from course_utils.observe.noise import DISTURBED_CAUSE, Measurement, compare
 from course_utils.observe.profiling import NO_RANGES
+from course_utils.tooling.exercises import Check
 from course_utils.training.options import TrainOptions
 from course_utils.training.setup import Setup, prepare
 from course_utils.training.step import device_batches, train_step

@@ -15,10 +15,10 @@ from course_utils import config
 from course_utils.experiments.machine_shape import gpu_count
 from course_utils.experiments.modes import first_of
 from course_utils.experiments.runs import SCRATCH, measured_steps
-from course_utils.lessons.exercises import Check
 from course_utils.observe import communication
 from course_utils.observe.noise import DISTURBED, compare
 from course_utils.observe.profiling import TRACE_FILE
+from course_utils.tooling.exercises import Check
 from course_utils.train import train
 from course_utils.training.models import build
 

@@ -40,11 +40,11 @@ from course_utils.experiments.runs import (
     run_variants,
     traced_ranks,
 )
-from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.metrics import load_run
 from course_utils.observe.noise import DISTURBED, FASTER, SLOWER, Comparison, Measurement, communication_bound, compare
 from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
+from course_utils.tooling.exercises import Check, judge_launch
 from course_utils.train import train
 from course_utils.training import checkpoint, models
 from course_utils.training.options import to_flags
@@ -137,12 +137,12 @@ def course_seconds(run: str | Path) -> list[float]:
     return list(load_run(run).iterations["seconds"])[WARMUP_STEPS:]
 
 
-def agreement(script: list[float], course: list[float]) -> Comparison:
+def speed_against_course(script: list[float], course: list[float]) -> Comparison:
     """The script's iteration speed against the course command's, each from its iteration times."""
     return compare(Measurement.of(script).inverse(), Measurement.of(course).inverse())
 
 
-def agreement_answer(measured: Comparison) -> str:
+def speed_against_course_answer(measured: Comparison) -> str:
     """Markdown: do the learner's script and the course's command run at the same speed?"""
     head = f"- Your script's speed per iteration (rank 0) over the course's command's: {measured.sentence()}"
     if measured.verdict in (FASTER, SLOWER):

@@ -18,11 +18,11 @@ from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.data import coco, generated_coco
+from course_utils.doctor import transport
 from course_utils.experiments.machine_shape import parallel_shape
 from course_utils.experiments.runs import SCRATCH, measured_rate, measured_steps, traced_ranks
 from course_utils.lessons import scaling
 from course_utils.observe.noise import DISTURBED, compare
-from course_utils.parallel import transport
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training.detection_models import DETECTION_RECIPES

@@ -23,11 +23,11 @@ from tqdm.auto import tqdm
 from course_utils import config
 from course_utils.experiments.machine_shape import cpu_ranks, parallel_shape, threads_of_a_rank
 from course_utils.experiments.runs import SCRATCH, Variant, measured_rate, measured_steps, run_ranks
-from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.memory import KINDS
 from course_utils.observe.noise import compare
 from course_utils.parallel.launch import launch
 from course_utils.parallel.layout import mode_of
+from course_utils.tooling.exercises import Check, judge_launch
 from course_utils.train import train
 
 MIB = 2**20

@@ -26,14 +26,14 @@ from torch import nn
 from course_utils import config
 from course_utils.experiments.machine_shape import ParallelShape
 from course_utils.experiments.runs import Variant, refuse_options, run_variants
-from course_utils.lessons.exercises import Check, judge_launch
 from course_utils.observe.communication import collective_bytes
 from course_utils.observe.metrics import read_records
 from course_utils.observe.noise import ALIKE, MIN_SAMPLES, SLOWER, UNKNOWN, Measurement, compare
 from course_utils.observe.profiling import TRACE_FILE
 from course_utils.parallel.launch import LaunchResult, launch
-from course_utils.parallel.layout import Layout
+from course_utils.parallel.layout import MODES, Layout
 from course_utils.run_folder import RunFolder
+from course_utils.tooling.exercises import Check, judge_launch
 from course_utils.training.options import to_flags
 from course_utils.training.vision_transformer import MLP, Block, ViTShape
 
@@ -192,9 +192,9 @@ def bubble_table(folder: Path, formula: Callable[[int, int], float]) -> pd.DataF
 
 
 @dataclass(frozen=True)
-class Comparison:
+class ParallelismPlan:
     """The runs of the notebook's comparison on this machine: a :class:`Variant` per run, named by its
-    ``--distributed`` mode, with its ``ranks`` (read by :func:`compare_modes`, not a training option); the
+    ``--distributed`` mode, with its ``ranks`` (read by :func:`compare_parallelisms`, not a training option); the
     training options every run shares (the global batch in ``batch_size``); and what this machine cannot show."""
 
     runs: list[Variant]
@@ -206,30 +206,36 @@ def _runs(ranks: dict[str, int]) -> list[Variant]:
     return [Variant(mode, distributed=mode, ranks=count) for mode, count in ranks.items()]
 
 
-def comparison(shape: ParallelShape, size: config.Size) -> Comparison:
-    """DDP, FSDP, TP and FSDP x TP on ``shape``'s ranks at ``size``: 2 CPU processes (4 for the 2-D mesh)
-    without two GPUs; on GPUs 4 of them for every mode where there are 4 (TP over 4 splits ViT-S's 8 heads
-    and 196 tokens evenly), else 2, and no 2-D mesh, which needs 4."""
+def parallelism_plan(shape: ParallelShape, size: config.Size) -> ParallelismPlan:
+    """Every mode of :data:`course_utils.parallel.layout.MODES` that runs one process per device (DDP, FSDP, TP
+    and FSDP x TP) on ``shape``'s ranks at ``size``: 2 CPU processes (4 for a 2-D mesh) without two GPUs; on GPUs
+    4 of them for every mode where there are 4 (TP over 4 splits ViT-S's 8 heads and 196 tokens evenly), else 2,
+    and no 2-D mesh, which needs 4."""
     options = {**COMPARISON[size.name], "size": size.name, "device": shape.device, "log_every": 1,
                "workers": size.workers if shape.on_gpus else 0, "augment": False, "progress": False}
+    launched = {name: facts for name, facts in MODES.items() if facts.one_process_per_device}
     if not shape.on_gpus:
-        return Comparison(_runs({"ddp": 2, "fsdp": 2, "tp": 2, "fsdp-tp": 4}), options,
-                          "CPU processes: memory by kind and communication volume as on GPUs, not GPU speed")
+        return ParallelismPlan(_runs({name: 4 if facts.two_dimensional else 2 for name, facts in launched.items()}),
+                               options, "CPU processes: memory by kind and communication volume as on GPUs, not GPU "
+                               "speed")
     ranks = 4 if shape.ranks >= 4 else 2
-    runs = {"ddp": ranks, "fsdp": ranks, "tp": ranks} | ({"fsdp-tp": 4} if ranks == 4 else {})
-    return Comparison(_runs(runs), options, "" if ranks == 4 else "FSDP x TP needs 4 GPUs (2 groups of 2): ask for 4")
+    meshes = [name for name, facts in launched.items() if facts.two_dimensional]
+    runs = {name: ranks for name, facts in launched.items() if ranks == 4 or not facts.two_dimensional}
+    missing = "" if ranks == 4 else f"{', '.join(meshes)}: FSDP x TP needs 4 GPUs (2 groups of 2): ask for 4"
+    return ParallelismPlan(_runs(runs), options, missing)
 
 
-SET_FOR_EVERY_RUN = {  # what compare_modes sets alike for each run, so that the modes do the same work
-    "out": "each run's folder is out / the run's name; pass out= to compare_modes",
+SET_FOR_EVERY_RUN = {  # what compare_parallelisms sets alike for each run, so that the modes do the same work
+    "out": "each run's folder is out / the run's name; pass out= to compare_parallelisms",
     "trace": "rank 0 of each run is traced into its run folder, where the comparison reads what its collectives "
              "moved",
-    "batch_size": "every run trains the same global batch, split over its ranks; pass batch_size= to compare_modes",
-    "max_steps": "every run trains the same number of steps; pass max_steps= to compare_modes",
+    "batch_size": "every run trains the same global batch, split over its ranks; pass batch_size= to "
+                  "compare_parallelisms",
+    "max_steps": "every run trains the same number of steps; pass max_steps= to compare_parallelisms",
 }
 
 
-def compare_modes(runs: Sequence[Variant], out: Path, **options: Any) -> pd.DataFrame:
+def compare_parallelisms(runs: Sequence[Variant], out: Path, **options: Any) -> pd.DataFrame:
     """Each run of ``runs`` (its ``distributed`` mode, its ``ranks`` and any option of its own but those of
     :data:`SET_FOR_EVERY_RUN`) at the same global batch (``options['batch_size']`` images in all), rank 0 traced: per
     rank, memory by kind, the bytes its collectives moved per step, and the step's speed. Each run's folder is

@@ -21,13 +21,13 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from course_utils import config, devices
-from course_utils.lessons.exercises import Check
-from course_utils.lessons.reference import Goal
+from course_utils.experiments.reference import Goal
 from course_utils.observe import flops
 from course_utils.observe.clocks import timed_rate
 from course_utils.observe.monitor import Monitor, this_process_rows
 from course_utils.observe.noise import Comparison, Measurement, compare
 from course_utils.observe.profiling import NO_RANGES
+from course_utils.tooling.exercises import Check
 from course_utils.training import models
 from course_utils.training.options import TrainOptions
 from course_utils.training.setup import prepare
@@ -216,7 +216,7 @@ def _speed_ratio(fast: pd.Series, slow: pd.Series) -> Comparison:
     return compare(Measurement.of(fast["rates"]), Measurement.of(slow["rates"]))
 
 
-def model_size(sweep: pd.DataFrame) -> str:
+def model_size_answer(sweep: pd.DataFrame) -> str:
     """Markdown: does a model with k times the parameters train k times slower? From a sweep."""
     fits = _fits(sweep)
     shared = [b for b in sorted(fits["batch_size"].unique())
@@ -254,7 +254,7 @@ def _memory_text(low: pd.Series, high: pd.Series) -> tuple[str, bool]:
     return f"peak memory grew **{growth:.1f}x**", growth > 1 + MEMORY_GROWTH
 
 
-def batch_size(sweep: pd.DataFrame) -> str:
+def batch_size_answer(sweep: pd.DataFrame) -> str:
     """Markdown: does a larger batch speed up as its memory use suggests? From a sweep."""
     lines, grew = [], False
     for model, rows in sweep.groupby("model", sort=False):
@@ -316,7 +316,7 @@ def _work(row: pd.Series) -> str:
     return f"{row['images_per_second']:.0f} images/s{mfu}"
 
 
-def utilization_vs_power(sweep: pd.DataFrame) -> str:
+def utilization_vs_power_answer(sweep: pd.DataFrame) -> str:
     """Markdown: is high utilization full use? Utilization beside drawn power (evidence, read against known
     busy levels) and throughput or MFU (the measure of the work done)."""
     fits = _fits(sweep).dropna(subset=["utilization_percent"])

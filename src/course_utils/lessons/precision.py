@@ -26,12 +26,12 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from course_utils import config, devices
+from course_utils.experiments.reference import Goal
 from course_utils.experiments.runs import Variant
-from course_utils.lessons.exercises import Check, fixed_batches, tiny_cnn
 from course_utils.lessons.monitoring import measure_setting
-from course_utils.lessons.reference import Goal
 from course_utils.observe.metrics import load_run
 from course_utils.observe.noise import FASTER, UNKNOWN, Measurement, compare, outside, spread_text
+from course_utils.tooling.exercises import Check, fixed_batches, tiny_cnn
 from course_utils.train import train
 
 STAGE_EPOCHS = {"ci": 1, "workshop": 3}  # epochs each stage trains

@@ -14,9 +14,9 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from course_utils.lessons.exercises import Check, fixed_batches, tiny_cnn
 from course_utils.observe.noise import Measurement, compare, spread_text
 from course_utils.observe.profiling import PHASES
+from course_utils.tooling.exercises import Check, fixed_batches, tiny_cnn
 
 
 def range_durations(prof: torch.profiler.profile) -> dict[str, list[float]]:

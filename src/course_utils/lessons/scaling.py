@@ -29,15 +29,15 @@ from tqdm.auto import tqdm
 from course_utils import config
 from course_utils.atomic_files import write_text_atomic
 from course_utils.experiments.runs import SCRATCH, measured_rate, run_ranks
-from course_utils.lessons.exercises import Check
 from course_utils.observe.metrics import load_run
 from course_utils.observe.noise import DISTURBED, compare
 from course_utils.run_folder import RunFolder
+from course_utils.tooling.exercises import Check
 from course_utils.train import train
 from course_utils.training.options import changed_options
 from course_utils.training.resume import NonFiniteLossError
 
-MODES = ("strong", "weak")
+STUDIES = ("strong", "weak")
 SCALING_RANKS = {"ci": (1, 2), "workshop": (1, 2, 4, 8)}  # process counts of a study (capped by the devices)
 # Each case of the learning-rate study: its epochs and training images (None: the size's own).
 LR_STUDY = {"ci": {"epochs": 1, "train_samples": 1280}, "workshop": {"epochs": 5, "train_samples": None}}
@@ -54,7 +54,7 @@ def per_rank_batch(mode: str, batch_size: int, ranks: int) -> int:
     if mode == "weak":
         return batch_size
     if mode != "strong":
-        raise ValueError(f"unknown scaling mode {mode!r}; choose one of: {', '.join(MODES)}")
+        raise ValueError(f"unknown scaling mode {mode!r}; choose one of: {', '.join(STUDIES)}")
     if batch_size % ranks:
         raise ValueError(f"strong scaling splits the global batch {batch_size} over {ranks} ranks: "
                          f"choose a batch size divisible by every rank count")
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_utils.lessons.scaling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", help="process counts to run on this machine")
-    parser.add_argument("--mode", choices=MODES, default="weak", help="weak (default) or strong scaling")
+    parser.add_argument("--mode", choices=STUDIES, default="weak", help="weak (default) or strong scaling")
     parser.add_argument("--collect", nargs="+", metavar="RUN_DIR", help="tabulate finished runs instead")
     parser.add_argument("--csv", help="also write the table to this CSV file")
     args, train_flags = parser.parse_known_args(argv)

@@ -1,5 +1,6 @@
 """Notebook 12: the hangs launched for real (a late rank, mismatched collectives), what each rank said and where it
-stood, and the check of the exercise's fixed script.
+stood, a straggler made on purpose and each rank's step drawn by its parts, and the check of the exercise's fixed
+script.
 
 Each launch is bounded twice: the script's process-group timeout turns the hang into an error, and the launch's
 own limit ends every process should the script not stop by itself.
@@ -15,12 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+from matplotlib.figure import Figure
 
-from course_utils.lessons.exercises import Check, judge_launch
-from course_utils.parallel import hangs
+from course_utils.doctor import hangs
+from course_utils.doctor.stragglers import WARMUP_STEPS
+from course_utils.doctor.timed_ranks import RECORD
 from course_utils.parallel.launch import LaunchResult, last_lines, launch
+from course_utils.tooling.exercises import Check, judge_launch
 
 RANKS = 2
 FLIGHT_RECORD_ENTRIES = "200"
@@ -32,6 +37,7 @@ SAID_CHARACTERS = 400
 DOCTOR_SECONDS = 120.0
 STANDING = "standing:"  # what a rank of the lesson's scripts prints just before its fault
 SETTLE_SECONDS = 1.0
+PARTS = ("data_seconds", "compute_seconds", "collective_seconds")  # of a timed rank's step
 
 
 @dataclass
@@ -185,3 +191,39 @@ def check_skipped_batches(script: Path, folder: Path, timeout_seconds: float = 1
         if not check.done:
             return Check(False, f"with the corrupt sample on rank {bad_rank}: {check.text}")
     return Check(True, f"with the corrupt sample on rank 1, then on rank 0: {check.text}")
+
+
+def launch_straggler(ranks: int, out: Path, slow_rank: int | None = None, delay_ms: float = 80.0, steps: int = 20,
+        alike_steps: int = 0, timeout_seconds: float = 180) -> LaunchResult:
+    """Launch :mod:`course_utils.doctor.timed_ranks` on ``ranks`` ranks for ``alike_steps`` steps alike, then
+    ``steps`` with ``slow_rank``'s loader slowed by ``delay_ms`` per batch, within ``timeout_seconds``; records a
+    previous launch left in ``out`` are removed first, and a failed launch raises with the end of its output."""
+    out = Path(out)
+    for old in out.glob(RECORD.format(rank="*")):
+        old.unlink()
+    flags = ["--steps", str(alike_steps + steps), "--slow-from", str(alike_steps), "--delay-ms", str(delay_ms),
+             "--out", str(out)]
+    if slow_rank is not None:
+        flags += ["--slow-rank", str(slow_rank)]
+    result = launch(ranks, "course_utils.doctor.timed_ranks", *flags, log_dir=out.parent / f"{out.name}-logs",
+                    echo=False, timeout_seconds=timeout_seconds, env={"OMP_NUM_THREADS": "1"})
+    if not result.ok:
+        raise RuntimeError(f"the timed ranks failed (exit {result.returncode}):\n" + "\n".join(result.lines[-15:]))
+    return result
+
+
+def plot_rank_steps(table: pd.DataFrame, title: str, warmup: int = WARMUP_STEPS) -> Figure:
+    """Each rank's median step, split into data, compute and the all-reduce (where the early ranks wait)."""
+    medians = table[table["step"] >= warmup].groupby("rank")[list(PARTS)].median() * 1000
+    fig, axis = plt.subplots(figsize=(9, 0.9 + 0.4 * len(medians)))
+    start = pd.Series(0.0, index=medians.index)
+    for part, label, color in zip(PARTS, ("waiting for data", "computing", "in the all-reduce (waiting, then "
+                                                                         "moving bytes)"),
+                                  ("#dd8452", "#4c72b0", "#c44e52")):
+        axis.barh([f"rank {rank}" for rank in medians.index], medians[part], left=start, label=label, color=color)
+        start += medians[part]
+    axis.invert_yaxis()
+    axis.set(xlabel="milliseconds per step (median)", title=title)
+    axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.tight_layout()
+    return fig

@@ -8,7 +8,8 @@ summary, checkpoints and the lessons read its answers (data-parallel ranks, tens
 or not, the device mesh) instead of decoding the string again. torchtitan's ``ParallelDims`` is the model.
 
 A new mode is a row here and the lines that distribute the model that way (``_distribute`` in
-:mod:`course_utils.training.setup`).
+:mod:`course_utils.training.setup`): every other list of modes (the command's choices, the wrappers, the modes
+notebooks 06, 07 and 11 compare, the memory forecast) is derived from the rows' facts.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class Mode:
     def ddp(self) -> bool:
         """Each rank holds the whole model and DistributedDataParallel averages the gradients."""
         return self.one_process_per_device and not self.sharded
+
+    @property
+    def two_dimensional(self) -> bool:
+        """FSDP over groups of ranks that each split the layers: a 2-D mesh, 2 or more groups of 2 or more."""
+        return self.fsdp and self.splits_layers
 
     @property
     def fsdp_over_all_ranks(self) -> bool:
@@ -86,7 +92,7 @@ class Layout:
         if self.tp_size is not None and not facts.splits_layers:
             raise ValueError(f"--tp-size splits each layer over ranks; --distributed is {self.distributed}: drop "
                              "--tp-size, or use --distributed tp or fsdp-tp")
-        if facts.splits_layers and facts.fsdp:
+        if facts.two_dimensional:
             _check_fsdp_tp(self.tensor_parallel, self.world_size)
         elif facts.splits_layers:
             _check_tp(self.tp_size, self.world_size)

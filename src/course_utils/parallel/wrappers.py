@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from course_utils.parallel.layout import mode_of
+
 DATAPARALLEL_PHASES = ("scatter", "replicate", "parallel_apply", "gather")  # each forward pass, in this order
 # Their backward halves, as PyTorch's autograd engine names them in a trace.
 DATAPARALLEL_BACKWARD = {"BroadcastBackward": "reduce_gradients", "GatherBackward": "scatter_gradients"}
@@ -78,14 +80,17 @@ class DDPOptions:
 
 
 def wrap(model: nn.Module, mode: str, device: torch.device, options: DDPOptions = DDPOptions()) -> nn.Module:
-    """``model`` as DataParallel, DistributedDataParallel, or unchanged for ``none``."""
-    if mode == "none":
-        return model
-    if mode == "dp":
+    """``model`` as ``--distributed mode`` wraps it (its facts in :data:`course_utils.parallel.layout.MODES`):
+    DataParallel for the mode that drives every GPU from one process, DistributedDataParallel for one process per
+    device, unchanged for one device."""
+    facts = mode_of(mode)
+    if facts.sharded:  # FSDP and tensor parallelism change the model in place: sharding.shard, tensor_parallel
+        raise ValueError(f"wrap() wraps a model each device holds whole; --distributed {mode} splits it")
+    if facts.all_gpus_in_one_process:
         # On a machine without GPUs DataParallel calls the module directly: the same numbers, one device.
         return NamedDataParallel(model)
-    if mode != "ddp":  # fsdp shards the model in place: course_utils.parallel.sharding.shard
-        raise ValueError(f"wrap() distributes a model by none, dp or ddp, not {mode!r}")
+    if not facts.one_process_per_device:
+        return model
     if options.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return nn.parallel.DistributedDataParallel(

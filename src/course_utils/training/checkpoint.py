@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from course_utils import bounded_reading
 from course_utils.atomic_files import write_atomic
-from course_utils.parallel import bounded_reading
 from course_utils.run_folder import LAST_CHECKPOINT
 from course_utils.shared_folders import PlantedLink, make_folder
 from course_utils.training import shard_files

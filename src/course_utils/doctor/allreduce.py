@@ -1,7 +1,7 @@
 """All-reduce bandwidth, measured and reported as nccl-tests define it (notebook 08, and the
 ``allreduce.sbatch`` job scripts).
 
-    torchrun --standalone --nproc-per-node 2 -m course_utils.parallel.allreduce --max-bytes 64M
+    torchrun --standalone --nproc-per-node 2 -m course_utils.doctor.allreduce --max-bytes 64M
 
 For a message of S bytes that takes t seconds, the *algorithm bandwidth* is S / t. A ring
 all-reduce moves 2(n-1)/n times S through each rank's link, so the *bus bandwidth*
@@ -89,7 +89,7 @@ def format_table(table: pd.DataFrame) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     size = config.get_size()
-    parser = argparse.ArgumentParser(prog="python -m course_utils.parallel.allreduce", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m course_utils.doctor.allreduce", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--min-bytes", default="1K", help="smallest message (default 1K)")
     parser.add_argument("--max-bytes", default=str(MAX_BYTES[size.name]),
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     where = process_group.join(timeout_seconds=300, backend="gloo" if args.device == "cpu" else None)
     if not where.distributed:
         print("error: an all-reduce needs several processes; start this under torchrun or srun, e.g. "
-              "torchrun --standalone --nproc-per-node 2 -m course_utils.parallel.allreduce", file=sys.stderr)
+              "torchrun --standalone --nproc-per-node 2 -m course_utils.doctor.allreduce", file=sys.stderr)
         return 2
     try:
         device = torch.device("cpu") if args.device == "cpu" else devices.default_device()

@@ -7,7 +7,7 @@
 
 It reads each rank's Python stack (py-spy) and how busy its process is, the devices' utilization and power
 (notebook 02's monitor), and, given the job's output with ``NCCL_DEBUG=INFO``, the communication library's
-failure (:mod:`course_utils.parallel.comm_failures`); then it says what to try next. It only reads: it never
+failure (:mod:`course_utils.doctor.comm_failures`); then it says what to try next. It only reads: it never
 stops or signals the job.
 
 One look cannot tell a stuck rank from a slow one: a straggler whose loader sleeps most of each step stands at
@@ -24,6 +24,9 @@ doctor says so, and that the job ended when all did.
 The doctor ends within ``--within`` seconds whatever it meets: the looks stop at their share of that time, the log
 is read for what is left (a log of gigabytes is read in part, and the screen says how much), and a step that
 never returns (a GPU or a process that does not answer) makes the doctor give up with a line that says so.
+
+The module reads in the order the doctor works: which job and its ranks, look, read, decide, say; then the
+examination that runs those steps, and the command line.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ from pathlib import Path
 
 import psutil
 
+from course_utils import bounded_reading
 from course_utils.config import VISIBLE_VARIABLES as VISIBLE_BY_VENDOR
+from course_utils.doctor import comm_failures, hangs
 from course_utils.observe.monitor.backends import BackendUnavailable, open_backend
 from course_utils.observe.monitor.readings import Reading
-from course_utils.parallel import bounded_reading, comm_failures, hangs, launched_processes
+from course_utils.parallel import launched_processes
 
 COLLECTIVES = {"all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send",
@@ -64,131 +69,83 @@ GIVE_UP_GRACE_SECONDS = 15.0  # past the bound, a step that has not returned is 
 JOB_LINE_CHARACTERS = 100  # of a listed job's command
 
 
-@dataclass
-class RankLook:
-    """One rank: its process, how busy it is, and where its Python stands."""
-
-    rank: int
-    pid: int
-    cpu_percent: float | None
-    stack: str
-    collective: str = ""  # the collective its main thread is in, if any
-    script_line: str = ""  # the innermost frame outside PyTorch: the learner's own line
-    looks: int = 1  # how many of its stacks were read
-    places: int = 1  # how many of them differ (frames and locals): more than one, it moves
-    wrote: int | None = None  # bytes its process wrote between its first and last look (None: not read)
-    ended: bool = False  # its process had gone by the last look
-
-    @property
-    def read(self) -> bool:
-        """Whether py-spy's dump held frames: else ``stack`` says why it could not be read."""
-        return bool(_frames(self.stack))
-
-    @property
-    def moving(self) -> bool:
-        return (self.places > 1 or bool(self.wrote)) and not self.ended
-
-    def line(self) -> str:
-        busy = "?" if self.cpu_percent is None else f"{self.cpu_percent:.0f}%"
-        where = (f"in {self.collective}" if self.collective else "in no collective" if self.read
-                 else f"stack not read ({self.stack.splitlines()[0] if self.stack else 'py-spy printed nothing'})")
-        at = f", at {self.script_line}" if self.script_line else ""
-        if self.ended:
-            last = f"; last seen {where}{at}" if self.read else ""
-            return f"rank {self.rank} (pid {self.pid}): ended while the doctor looked{last}"
-        stacks = f"{self.places} different stacks" if self.places > 1 else "the same stack"
-        stacks += f" in {self.looks} looks"
-        wrote = f", {self.wrote:,} bytes written between them" if self.wrote else ""
-        seen = ("" if self.looks < 2 or not self.read else f"; moving ({stacks}{wrote})" if self.moving
-                else f"; still (the same stack at all {self.looks} looks, nothing written)")
-        return f"rank {self.rank} (pid {self.pid}, CPU {busy}): {where}{at}{seen}"
+# --- The job: which one, and its ranks on this node -------------------------------------------------------------------
 
 
-@dataclass
-class Examination:
-    """What the doctor found beside one job."""
-
-    job: str  # "torchrun pid N" or "Slurm step J.S"
-    ranks: list[RankLook]
-    devices: list[Reading] = field(default_factory=list)
-    device_kind: str = ""
-    devices_shown: str = ""  # which of the node's GPUs are the job's
-    log_verdict: str = ""
-    advice: list[str] = field(default_factory=list)
-    bound: str = ""  # what the doctor's time bound cut short
-
-    @property
-    def over(self) -> bool:
-        """No rank of the job runs (all ended while the doctor looked, or none was found)."""
-        return all(look.ended for look in self.ranks)
-
-    def screen(self, full: bool = False) -> str:
-        ended = ": the job ended while the doctor looked" if self.ranks and self.over else ""
-        lines = [f"doctor: {self.job}, {len(self.ranks)} rank(s) on this node{ended}"]
-        lines += [look.line() for look in self.ranks]
-        lines += [self.bound] if self.bound else []
-        lines += [self.devices_shown] if self.devices_shown else []
-        lines += [_device_line(reading, self.device_kind) for reading in self.devices]
-        if self.log_verdict:
-            lines.append(self.log_verdict)
-        lines += ["what to try next:"] + [f"  - {advice}" for advice in self.advice]
-        if full:
-            for look in self.ranks:
-                lines += [f"--- rank {look.rank}: its Python stack (py-spy dump) ---", look.stack]
-        return "\n".join(lines)
+def _not_yours(process: psutil.Process) -> str | None:
+    """The user a process belongs to, where it is not this user's: the doctor reads only its own user's jobs, as
+    :func:`launched_processes.same_user` says (and finds their ranks only there)."""
+    if launched_processes.same_user(process):
+        return None
+    try:
+        return process.username()
+    except psutil.Error:
+        return "another user"
 
 
-def _main_thread(stack: str) -> list[str]:
-    """The lines of the thread that runs the script's ``<module>`` (else the first thread): frames and locals."""
-    threads: list[list[str]] = []
-    for line in stack.splitlines():
-        if line.startswith("Thread "):
-            threads.append([])
-        elif threads and line.startswith("    "):
-            threads[-1].append(line)
-
-    def runs_the_script(thread: list[str]) -> bool:
-        return any((match := FRAME.match(line)) and match["function"] == "<module>" for line in thread)
-
-    return next((thread for thread in threads if runs_the_script(thread)), threads[0] if threads else [])
-
-
-def _frames(stack: str) -> list[tuple[str, str]]:
-    """(function, file:line) of the main thread's frames, innermost first."""
-    return [(match["function"], f"{match['file']}:{match['line']}")
-            for line in _main_thread(stack) if (match := FRAME.match(line))]
+def _runs(process: psutil.Process) -> str:
+    """What a torchrun job runs, from its launcher's command line: the script (or module) and its arguments."""
+    try:
+        words = process.cmdline()
+    except psutil.Error:
+        return "(ended)"
+    for index, word in enumerate(words[1:], 1):
+        if word.endswith(".py") or (words[index - 1] == "-m" and word not in hangs.TORCHRUN):
+            arguments = words[index + 1:]
+            shown = " ".join([Path(word).name, *(arguments[1:] if arguments[:1] == ["--"] else arguments)])
+            return shown if len(shown) <= JOB_LINE_CHARACTERS else shown[:JOB_LINE_CHARACTERS - 3] + "..."
+    return " ".join(words)[:JOB_LINE_CHARACTERS]
 
 
-def _in_torch(place: str) -> bool:
-    return place.startswith(("torch/", "distributed_c10d.py", "c10d_logger.py")) or "/torch/" in place
+def not_one_job(found: list[psutil.Process]) -> str:
+    """Why the doctor needs ``--pid``: no torchrun job of this user's on this node (where a cluster's job is not:
+    its ranks run on the job's compute nodes), or several, each listed with what it runs."""
+    if not found:
+        return (f"doctor: no torchrun job of yours runs on this node ({socket.gethostname()}). A cluster's job runs "
+                "on its compute nodes: run the doctor there, beside the job (srun --overlap --jobid JOB --pty python "
+                "-m course_utils.doctor); a job started by srun without torchrun: name a task's pid with --pid")
+    listed = "\n".join(f"  torchrun pid {process.pid}: {_runs(process)}" for process in found)
+    return (f"doctor: {len(found)} torchrun jobs of yours run on this node; name one with --pid (torchrun's, or any "
+            f"rank's):\n{listed}")
 
 
-def read_stack(rank: int, pid: int, stack: str, cpu_percent: float | None) -> RankLook:
-    """Where one rank stands, from its py-spy dump: the collective it is in and the script's line."""
-    frames = _frames(stack)
-    collective = next((name for name, place in frames if name in COLLECTIVES and _in_torch(place)), "")
-    script = next((f"{place} in {name}" for name, place in frames if not _in_torch(place)), "")
-    return RankLook(rank, pid, cpu_percent, stack, collective, script)
+def find_job(pid: int | None) -> int:
+    """The pid that stands for the job to examine: a torchrun launcher (``pid`` itself, or the one above a rank's
+    ``pid``, or this user's only torchrun job), or a task of a Slurm step (``pid``, started by srun without
+    torchrun). A clear error names what to pass otherwise."""
+    if pid is None:
+        found = hangs.launchers()
+        if len(found) != 1:
+            raise SystemExit(not_one_job(found))
+        return found[0].pid
+    try:
+        process = psutil.Process(pid)
+        owner = _not_yours(process)
+    except psutil.Error:
+        raise SystemExit(f"doctor: no process has pid {pid}; `ps -ef | grep torch.distributed.run` lists the "
+                         "torchrun jobs") from None
+    if owner is not None:
+        raise SystemExit(f"doctor: pid {pid} belongs to user {owner}, not to you ({psutil.Process().username()}): "
+                         "the job is not yours, and the doctor reads only your own jobs (py-spy reads a process's "
+                         "stack only as the same user or as root, and another user's ranks are not looked for); run "
+                         f"it as {owner}: sudo -u {owner} python -m course_utils.doctor --pid {pid}")
+    for candidate in [process, *process.parents()]:
+        if hangs.is_launcher(candidate):
+            return candidate.pid
+    if hangs.slurm_step_ranks(pid):
+        return pid
+    raise SystemExit(f"doctor: pid {pid} is neither a torchrun launcher, nor one of its ranks, nor a Slurm step's task")
 
 
-def read_looks(rank: int, pid: int, stacks: list[str], cpu_percent: float | None, ended: bool = False,
-               wrote: int | None = None) -> RankLook:
-    """Where one rank stands over several looks: the collective it was in at most of them (a rank caught on its
-    way into a collective is still waiting there), and whether it moved between them (its stacks differ, or its
-    process ``wrote`` bytes between the first and last look); ``ended``: its process had gone by the last look."""
-    readable = [stack for stack in stacks if _frames(stack)]
-    if not readable:
-        look = read_stack(rank, pid, stacks[-1] if stacks else "", cpu_percent)
-        look.ended = ended
-        return look
-    looks = [read_stack(rank, pid, stack, cpu_percent) for stack in readable]
-    collective, count = Counter(look.collective for look in looks).most_common(1)[0]
-    if collective and 2 * count <= len(looks):
-        collective = ""  # in a collective at half the looks or fewer: it does not wait there
-    shown = next(look for look in reversed(looks) if bool(look.collective) == bool(collective))
-    places = len({tuple(_main_thread(stack)) for stack in readable})
-    return RankLook(rank, pid, cpu_percent, shown.stack, shown.collective, shown.script_line, len(readable), places,
-                    wrote if len(readable) > 1 else None, ended)
+def _job(launcher: int) -> tuple[str, dict[int, int]]:
+    """The job's name and its ranks (rank -> pid) on this node."""
+    if hangs.is_launcher(psutil.Process(launcher)):
+        return f"torchrun pid {launcher}", hangs.rank_pids(launcher)
+    env = psutil.Process(launcher).environ()
+    return f"Slurm step {env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID')}", hangs.slurm_step_ranks(launcher)
+
+
+# --- Look: the ranks' stacks and processes, the devices ---------------------------------------------------------------
 
 
 def _processes(pids: list[int]) -> dict[int, psutil.Process]:
@@ -234,14 +191,181 @@ def _cpu_percents(processes: dict[int, psutil.Process]) -> dict[int, float | Non
     return found
 
 
-def _device_line(reading: Reading, kind: str) -> str:
-    if kind == "cpu":
-        return "devices: no GPU here (the ranks run on CPU cores; their CPU use is above)"
-    power = "power ?" if reading.power_watts is None else f"{reading.power_watts:.0f} W"
-    if reading.power_limit_watts:
-        power += f" of {reading.power_limit_watts:.0f} W"
-    utilization = "?" if reading.utilization_percent is None else f"{reading.utilization_percent:.0f}%"
-    return f"device {reading.index} ({reading.name}): utilization {utilization}, {power}"
+def _look(pids: dict[int, int], processes: dict[int, psutil.Process], looks: int, every_seconds: float,
+          stack_seconds: float, until: float) -> tuple[dict[int, list[str]], set[int], int, dict[int, int]]:
+    """Read each rank's stack ``looks`` times, ``every_seconds`` apart, before ``until`` (a time.monotonic()); a
+    rank whose process has gone is not read again. The stacks, the pids gone, how many looks were made, and the
+    bytes each process wrote from the first look to the last."""
+    stacks: dict[int, list[str]] = {rank: [] for rank in pids}
+    first = _written(processes)
+    gone = {pid for pid in pids.values() if pid not in processes}
+    made = 0
+    for look in range(looks):
+        if look:
+            time.sleep(every_seconds)
+        if time.monotonic() >= until or set(pids.values()) <= gone:
+            break
+        for rank, pid in pids.items():
+            if pid not in gone and (left := until - time.monotonic()) > 0:
+                stacks[rank].append(hangs.python_stack(pid, min(stack_seconds, left), with_locals=looks > 1))
+        gone |= {pid for pid, process in processes.items() if _gone(process)}
+        made += 1
+    last = _written(processes)
+    return stacks, gone, made, {pid: last[pid] - first[pid] for pid in first.keys() & last.keys()}
+
+
+# Where a job's GPUs are named: ROCm's physical indices first (HIP's count within them), then CUDA's.
+VISIBLE_VARIABLES = tuple(name for names in VISIBLE_BY_VENDOR.values() for name in names)
+
+
+def job_gpus(environments: list[dict[str, str]]) -> tuple[set[int], str] | None:
+    """The node's GPU indices the job's ranks were given, and the variable that gave them; None when a rank sees
+    every GPU (no variable) or names its GPUs otherwise (UUIDs): then all of the node's are shown."""
+    found: set[int] = set()
+    named = ""
+    for env in environments:
+        named = next((name for name in VISIBLE_VARIABLES if name in env), "")
+        given = [part.strip() for part in env.get(named, "").split(",") if part.strip()]
+        if not given or not all(part.isdigit() for part in given):
+            return None
+        found |= {int(part) for part in given}
+    return (found, named) if environments else None
+
+
+def the_jobs(readings: list[Reading], gpus: tuple[set[int], str] | None) -> tuple[list[Reading], str]:
+    """The readings of the job's own GPUs (a shared node holds other people's), and a line saying which."""
+    if gpus is None or not readings:
+        return readings, ""
+    indices, variable = gpus
+    own = [reading for reading in readings if reading.index in indices]
+    listed = ", ".join(map(str, sorted(indices)))
+    if not own:
+        return readings, (f"devices: the ranks' {variable} names GPU(s) {listed}, which the monitor does not list; "
+                          "all of the node's are shown")
+    return own, f"devices: the job's GPU(s) {listed} (its ranks' {variable}), of the node's {len(readings)}"
+
+
+def _devices() -> tuple[list[Reading], str]:
+    try:
+        backend = open_backend("auto")
+    except BackendUnavailable:
+        return [], ""
+    try:
+        return backend.read(), backend.name
+    finally:
+        backend.close()
+
+
+# --- Read: where each rank stands, what the communication log says ----------------------------------------------------
+
+
+def _main_thread(stack: str) -> list[str]:
+    """The lines of the thread that runs the script's ``<module>`` (else the first thread): frames and locals."""
+    threads: list[list[str]] = []
+    for line in stack.splitlines():
+        if line.startswith("Thread "):
+            threads.append([])
+        elif threads and line.startswith("    "):
+            threads[-1].append(line)
+
+    def runs_the_script(thread: list[str]) -> bool:
+        return any((match := FRAME.match(line)) and match["function"] == "<module>" for line in thread)
+
+    return next((thread for thread in threads if runs_the_script(thread)), threads[0] if threads else [])
+
+
+def _frames(stack: str) -> list[tuple[str, str]]:
+    """(function, file:line) of the main thread's frames, innermost first."""
+    return [(match["function"], f"{match['file']}:{match['line']}")
+            for line in _main_thread(stack) if (match := FRAME.match(line))]
+
+
+def _in_torch(place: str) -> bool:
+    return place.startswith(("torch/", "distributed_c10d.py", "c10d_logger.py")) or "/torch/" in place
+
+
+@dataclass
+class RankLook:
+    """One rank: its process, how busy it is, and where its Python stands."""
+
+    rank: int
+    pid: int
+    cpu_percent: float | None
+    stack: str
+    collective: str = ""  # the collective its main thread is in, if any
+    script_line: str = ""  # the innermost frame outside PyTorch: the learner's own line
+    looks: int = 1  # how many of its stacks were read
+    places: int = 1  # how many of them differ (frames and locals): more than one, it moves
+    wrote: int | None = None  # bytes its process wrote between its first and last look (None: not read)
+    ended: bool = False  # its process had gone by the last look
+
+    @property
+    def read(self) -> bool:
+        """Whether py-spy's dump held frames: else ``stack`` says why it could not be read."""
+        return bool(_frames(self.stack))
+
+    @property
+    def moving(self) -> bool:
+        return (self.places > 1 or bool(self.wrote)) and not self.ended
+
+    def line(self) -> str:
+        busy = "?" if self.cpu_percent is None else f"{self.cpu_percent:.0f}%"
+        where = (f"in {self.collective}" if self.collective else "in no collective" if self.read
+                 else f"stack not read ({self.stack.splitlines()[0] if self.stack else 'py-spy printed nothing'})")
+        at = f", at {self.script_line}" if self.script_line else ""
+        if self.ended:
+            last = f"; last seen {where}{at}" if self.read else ""
+            return f"rank {self.rank} (pid {self.pid}): ended while the doctor looked{last}"
+        stacks = f"{self.places} different stacks" if self.places > 1 else "the same stack"
+        stacks += f" in {self.looks} looks"
+        wrote = f", {self.wrote:,} bytes written between them" if self.wrote else ""
+        seen = ("" if self.looks < 2 or not self.read else f"; moving ({stacks}{wrote})" if self.moving
+                else f"; still (the same stack at all {self.looks} looks, nothing written)")
+        return f"rank {self.rank} (pid {self.pid}, CPU {busy}): {where}{at}{seen}"
+
+
+def read_stack(rank: int, pid: int, stack: str, cpu_percent: float | None) -> RankLook:
+    """Where one rank stands, from its py-spy dump: the collective it is in and the script's line."""
+    frames = _frames(stack)
+    collective = next((name for name, place in frames if name in COLLECTIVES and _in_torch(place)), "")
+    script = next((f"{place} in {name}" for name, place in frames if not _in_torch(place)), "")
+    return RankLook(rank, pid, cpu_percent, stack, collective, script)
+
+
+def read_looks(rank: int, pid: int, stacks: list[str], cpu_percent: float | None, ended: bool = False,
+               wrote: int | None = None) -> RankLook:
+    """Where one rank stands over several looks: the collective it was in at most of them (a rank caught on its
+    way into a collective is still waiting there), and whether it moved between them (its stacks differ, or its
+    process ``wrote`` bytes between the first and last look); ``ended``: its process had gone by the last look."""
+    readable = [stack for stack in stacks if _frames(stack)]
+    if not readable:
+        look = read_stack(rank, pid, stacks[-1] if stacks else "", cpu_percent)
+        look.ended = ended
+        return look
+    looks = [read_stack(rank, pid, stack, cpu_percent) for stack in readable]
+    collective, count = Counter(look.collective for look in looks).most_common(1)[0]
+    if collective and 2 * count <= len(looks):
+        collective = ""  # in a collective at half the looks or fewer: it does not wait there
+    shown = next(look for look in reversed(looks) if bool(look.collective) == bool(collective))
+    places = len({tuple(_main_thread(stack)) for stack in readable})
+    return RankLook(rank, pid, cpu_percent, shown.stack, shown.collective, shown.script_line, len(readable), places,
+                    wrote if len(readable) > 1 else None, ended)
+
+
+def _diagnosis(log: Path | None, seconds: float) -> tuple[comm_failures.Diagnosis | None, str]:
+    """The log's diagnosis, read for at most ``seconds``, and its sentence (or why it could not be read)."""
+    if log is None:
+        return None, ""
+    try:
+        diagnosis = comm_failures.read_log(log, seconds=max(seconds, 1.0))
+    except bounded_reading.NotReadable as error:
+        return None, f"communication log: not read: {error}"
+    except OSError as error:
+        return None, f"communication log: not read: {log} ({error.strerror})"
+    return diagnosis, diagnosis.sentence()
+
+
+# --- Decide: what to try next -----------------------------------------------------------------------------------------
 
 
 def spinning_gpus(readings: list[Reading]) -> list[int]:
@@ -328,90 +452,54 @@ def _names(looks: list[RankLook]) -> str:
     return ", ".join(str(look.rank) for look in looks)
 
 
-# Where a job's GPUs are named: ROCm's physical indices first (HIP's count within them), then CUDA's.
-VISIBLE_VARIABLES = tuple(name for names in VISIBLE_BY_VENDOR.values() for name in names)
+# --- Say: the screen --------------------------------------------------------------------------------------------------
 
 
-def job_gpus(environments: list[dict[str, str]]) -> tuple[set[int], str] | None:
-    """The node's GPU indices the job's ranks were given, and the variable that gave them; None when a rank sees
-    every GPU (no variable) or names its GPUs otherwise (UUIDs): then all of the node's are shown."""
-    found: set[int] = set()
-    named = ""
-    for env in environments:
-        named = next((name for name in VISIBLE_VARIABLES if name in env), "")
-        given = [part.strip() for part in env.get(named, "").split(",") if part.strip()]
-        if not given or not all(part.isdigit() for part in given):
-            return None
-        found |= {int(part) for part in given}
-    return (found, named) if environments else None
+def _device_line(reading: Reading, kind: str) -> str:
+    if kind == "cpu":
+        return "devices: no GPU here (the ranks run on CPU cores; their CPU use is above)"
+    power = "power ?" if reading.power_watts is None else f"{reading.power_watts:.0f} W"
+    if reading.power_limit_watts:
+        power += f" of {reading.power_limit_watts:.0f} W"
+    utilization = "?" if reading.utilization_percent is None else f"{reading.utilization_percent:.0f}%"
+    return f"device {reading.index} ({reading.name}): utilization {utilization}, {power}"
 
 
-def the_jobs(readings: list[Reading], gpus: tuple[set[int], str] | None) -> tuple[list[Reading], str]:
-    """The readings of the job's own GPUs (a shared node holds other people's), and a line saying which."""
-    if gpus is None or not readings:
-        return readings, ""
-    indices, variable = gpus
-    own = [reading for reading in readings if reading.index in indices]
-    listed = ", ".join(map(str, sorted(indices)))
-    if not own:
-        return readings, (f"devices: the ranks' {variable} names GPU(s) {listed}, which the monitor does not list; "
-                          "all of the node's are shown")
-    return own, f"devices: the job's GPU(s) {listed} (its ranks' {variable}), of the node's {len(readings)}"
+@dataclass
+class Examination:
+    """What the doctor found beside one job."""
+
+    job: str  # "torchrun pid N" or "Slurm step J.S"
+    ranks: list[RankLook]
+    devices: list[Reading] = field(default_factory=list)
+    device_kind: str = ""
+    devices_shown: str = ""  # which of the node's GPUs are the job's
+    log_verdict: str = ""
+    advice: list[str] = field(default_factory=list)
+    bound: str = ""  # what the doctor's time bound cut short
+
+    @property
+    def over(self) -> bool:
+        """No rank of the job runs (all ended while the doctor looked, or none was found)."""
+        return all(look.ended for look in self.ranks)
+
+    def screen(self, full: bool = False) -> str:
+        ended = ": the job ended while the doctor looked" if self.ranks and self.over else ""
+        lines = [f"doctor: {self.job}, {len(self.ranks)} rank(s) on this node{ended}"]
+        lines += [look.line() for look in self.ranks]
+        lines += [self.bound] if self.bound else []
+        lines += [self.devices_shown] if self.devices_shown else []
+        lines += [_device_line(reading, self.device_kind) for reading in self.devices]
+        if self.log_verdict:
+            lines.append(self.log_verdict)
+        lines += ["what to try next:"] + [f"  - {advice}" for advice in self.advice]
+        if full:
+            for look in self.ranks:
+                lines += [f"--- rank {look.rank}: its Python stack (py-spy dump) ---", look.stack]
+        return "\n".join(lines)
 
 
-def _devices() -> tuple[list[Reading], str]:
-    try:
-        backend = open_backend("auto")
-    except BackendUnavailable:
-        return [], ""
-    try:
-        return backend.read(), backend.name
-    finally:
-        backend.close()
-
-
-def _job(launcher: int) -> tuple[str, dict[int, int]]:
-    """The job's name and its ranks (rank -> pid) on this node."""
-    if hangs.is_launcher(psutil.Process(launcher)):
-        return f"torchrun pid {launcher}", hangs.rank_pids(launcher)
-    env = psutil.Process(launcher).environ()
-    return f"Slurm step {env.get('SLURM_JOB_ID')}.{env.get('SLURM_STEP_ID')}", hangs.slurm_step_ranks(launcher)
-
-
-def _look(pids: dict[int, int], processes: dict[int, psutil.Process], looks: int, every_seconds: float,
-          stack_seconds: float, until: float) -> tuple[dict[int, list[str]], set[int], int, dict[int, int]]:
-    """Read each rank's stack ``looks`` times, ``every_seconds`` apart, before ``until`` (a time.monotonic()); a
-    rank whose process has gone is not read again. The stacks, the pids gone, how many looks were made, and the
-    bytes each process wrote from the first look to the last."""
-    stacks: dict[int, list[str]] = {rank: [] for rank in pids}
-    first = _written(processes)
-    gone = {pid for pid in pids.values() if pid not in processes}
-    made = 0
-    for look in range(looks):
-        if look:
-            time.sleep(every_seconds)
-        if time.monotonic() >= until or set(pids.values()) <= gone:
-            break
-        for rank, pid in pids.items():
-            if pid not in gone and (left := until - time.monotonic()) > 0:
-                stacks[rank].append(hangs.python_stack(pid, min(stack_seconds, left), with_locals=looks > 1))
-        gone |= {pid for pid, process in processes.items() if _gone(process)}
-        made += 1
-    last = _written(processes)
-    return stacks, gone, made, {pid: last[pid] - first[pid] for pid in first.keys() & last.keys()}
-
-
-def _diagnosis(log: Path | None, seconds: float) -> tuple[comm_failures.Diagnosis | None, str]:
-    """The log's diagnosis, read for at most ``seconds``, and its sentence (or why it could not be read)."""
-    if log is None:
-        return None, ""
-    try:
-        diagnosis = comm_failures.read_log(log, seconds=max(seconds, 1.0))
-    except bounded_reading.NotReadable as error:
-        return None, f"communication log: not read: {error}"
-    except OSError as error:
-        return None, f"communication log: not read: {log} ({error.strerror})"
-    return diagnosis, diagnosis.sentence()
+# --- The examination, from the command line ---------------------------------------------------------------------------
 
 
 def examine(launcher: int, log: Path | None = None, stack_seconds: float = hangs.STACK_SECONDS, looks: int = LOOKS,
@@ -440,71 +528,6 @@ def examine(launcher: int, log: Path | None = None, stack_seconds: float = hangs
                        advise(ranks, spinning_gpus(devices) if kind != "cpu" else [], diagnosis), bound)
 
 
-def _not_yours(process: psutil.Process) -> str | None:
-    """The user a process belongs to, where it is not this user's: the doctor reads only its own user's jobs, as
-    :func:`launched_processes.same_user` says (and finds their ranks only there)."""
-    if launched_processes.same_user(process):
-        return None
-    try:
-        return process.username()
-    except psutil.Error:
-        return "another user"
-
-
-def _runs(process: psutil.Process) -> str:
-    """What a torchrun job runs, from its launcher's command line: the script (or module) and its arguments."""
-    try:
-        words = process.cmdline()
-    except psutil.Error:
-        return "(ended)"
-    for index, word in enumerate(words[1:], 1):
-        if word.endswith(".py") or (words[index - 1] == "-m" and word not in hangs.TORCHRUN):
-            arguments = words[index + 1:]
-            shown = " ".join([Path(word).name, *(arguments[1:] if arguments[:1] == ["--"] else arguments)])
-            return shown if len(shown) <= JOB_LINE_CHARACTERS else shown[:JOB_LINE_CHARACTERS - 3] + "..."
-    return " ".join(words)[:JOB_LINE_CHARACTERS]
-
-
-def not_one_job(found: list[psutil.Process]) -> str:
-    """Why the doctor needs ``--pid``: no torchrun job of this user's on this node (where a cluster's job is not:
-    its ranks run on the job's compute nodes), or several, each listed with what it runs."""
-    if not found:
-        return (f"doctor: no torchrun job of yours runs on this node ({socket.gethostname()}). A cluster's job runs "
-                "on its compute nodes: run the doctor there, beside the job (srun --overlap --jobid JOB --pty python "
-                "-m course_utils.doctor); a job started by srun without torchrun: name a task's pid with --pid")
-    listed = "\n".join(f"  torchrun pid {process.pid}: {_runs(process)}" for process in found)
-    return (f"doctor: {len(found)} torchrun jobs of yours run on this node; name one with --pid (torchrun's, or any "
-            f"rank's):\n{listed}")
-
-
-def find_job(pid: int | None) -> int:
-    """The pid that stands for the job to examine: a torchrun launcher (``pid`` itself, or the one above a rank's
-    ``pid``, or this user's only torchrun job), or a task of a Slurm step (``pid``, started by srun without
-    torchrun). A clear error names what to pass otherwise."""
-    if pid is None:
-        found = hangs.launchers()
-        if len(found) != 1:
-            raise SystemExit(not_one_job(found))
-        return found[0].pid
-    try:
-        process = psutil.Process(pid)
-        owner = _not_yours(process)
-    except psutil.Error:
-        raise SystemExit(f"doctor: no process has pid {pid}; `ps -ef | grep torch.distributed.run` lists the "
-                         "torchrun jobs") from None
-    if owner is not None:
-        raise SystemExit(f"doctor: pid {pid} belongs to user {owner}, not to you ({psutil.Process().username()}): "
-                         "the job is not yours, and the doctor reads only your own jobs (py-spy reads a process's "
-                         "stack only as the same user or as root, and another user's ranks are not looked for); run "
-                         f"it as {owner}: sudo -u {owner} python -m course_utils.doctor --pid {pid}")
-    for candidate in [process, *process.parents()]:
-        if hangs.is_launcher(candidate):
-            return candidate.pid
-    if hangs.slurm_step_ranks(pid):
-        return pid
-    raise SystemExit(f"doctor: pid {pid} is neither a torchrun launcher, nor one of its ranks, nor a Slurm step's task")
-
-
 def _seconds(text: str) -> float:
     """A number of seconds for argparse: finite and not negative."""
     try:
@@ -530,7 +553,8 @@ def _give_up_after(seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m course_utils.doctor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pid", type=int, help="torchrun's pid, or any rank's (default: your only torchrun job)")
     parser.add_argument("--log", type=Path, help="the job's output, NCCL_DEBUG=INFO or WARN, all ranks together")
     parser.add_argument("--full", action="store_true", help="print each rank's whole Python stack too")
@@ -563,7 +587,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(examination.screen(args.full))
     return 1 if examination.over else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Notebook 12: is the interconnect healthy? The benchmarks' own output, judged against a site's minimums.
 
-    python -m course_utils.parallel.interconnect_health runs/slurm/interconnect-<job id>/
+    python -m course_utils.doctor.interconnect_health runs/slurm/interconnect-<job id>/
 
 reads what ``jobs/lumi/interconnect_health.sbatch`` wrote: OSU's ``osu_bw`` between pairs of GCDs
 (``osu_bw_node_A_B.txt`` inside a node, ``osu_bw_nodes_A_B.txt`` between two nodes) and the all-reduce
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from course_utils.parallel import bounded_reading
+from course_utils import bounded_reading
 
 MIB = 2**20
 MB = 1e6  # osu_bw's MB/s are 10**6 bytes per second
@@ -57,7 +57,7 @@ _VERSION = re.compile(r"^(?P<library>[rn]ccl)-tests: Version (?P<version>\S+)")
 
 
 @dataclass
-class Verdict:
+class JudgedMeasurement:
     """One judged measurement: ``status`` is "healthy", "below", "broken" or "not judged"."""
     what: str
     status: str
@@ -176,7 +176,7 @@ def parse_collective_table(text: str | Iterable[str]) -> CollectiveTable:
 
 
 def from_allreduce_sweep(sweep: pd.DataFrame, device: str, host: str) -> CollectiveTable:
-    """The course's own all-reduce sweep (``course_utils.parallel.allreduce``, its ``--out`` JSON) as a table
+    """The course's own all-reduce sweep (``course_utils.doctor.allreduce``, its ``--out`` JSON) as a table
     of the same columns, so that the same checks read it."""
     table = pd.DataFrame({"bytes": sweep["bytes"], "time_us": sweep["seconds"] * 1e6,
                           "algbw": sweep["algorithm_gb_per_s"], "busbw": sweep["bus_gb_per_s"],
@@ -198,20 +198,21 @@ def lumi_minimum_gb_s(first_gcd: int, second_gcd: int, nbytes: int, between_node
     return None if minimum is None else _gb(minimum)
 
 
-def judge(what: str, measured_gb_s: float | None, minimum_gb_s: float | None) -> Verdict:
+def judge(what: str, measured_gb_s: float | None, minimum_gb_s: float | None) -> JudgedMeasurement:
     """A measured bandwidth against its minimum; "not judged" when either is missing."""
     if measured_gb_s is None:
-        return Verdict(what, "not judged", None, minimum_gb_s, f"{what}: not measured")
+        return JudgedMeasurement(what, "not judged", None, minimum_gb_s, f"{what}: not measured")
     if minimum_gb_s is None:
-        return Verdict(what, "not judged", measured_gb_s, None,
+        return JudgedMeasurement(what, "not judged", measured_gb_s, None,
                        f"{what}: {measured_gb_s:.1f} GB/s (no minimum to judge it by)")
     status = "healthy" if measured_gb_s >= minimum_gb_s else "below"
     words = "at least" if status == "healthy" else "BELOW"
-    return Verdict(what, status, measured_gb_s, minimum_gb_s,
+    return JudgedMeasurement(what, status, measured_gb_s, minimum_gb_s,
                    f"{what}: {measured_gb_s:.1f} GB/s, {words} the minimum of {minimum_gb_s:.2f} GB/s")
 
 
-def judge_osu_pair(result: OsuBandwidth, first_gcd: int, second_gcd: int, between_nodes: bool = False) -> list[Verdict]:
+def judge_osu_pair(result: OsuBandwidth, first_gcd: int, second_gcd: int,
+                   between_nodes: bool = False) -> list[JudgedMeasurement]:
     """One pair's ``osu_bw`` at each message size of LUMI's test, against its minimum."""
     where = "node to node" if between_nodes else "in the node"
     verdicts = []
@@ -223,7 +224,7 @@ def judge_osu_pair(result: OsuBandwidth, first_gcd: int, second_gcd: int, betwee
 
 
 def judge_collective(result: CollectiveTable, name: str = "all_reduce_perf",
-                     minimum_busbw_gb_s: float | None = None) -> list[Verdict]:
+                     minimum_busbw_gb_s: float | None = None) -> list[JudgedMeasurement]:
     """A collective's table: wrong results and a bandwidth that collapses at large messages are broken whatever
     the machine; the peak bus bandwidth is judged only against a minimum given for this machine."""
     table = result.table
@@ -231,12 +232,12 @@ def judge_collective(result: CollectiveTable, name: str = "all_reduce_perf",
     verdicts = []
     wrong = int(table.filter(like="wrong").fillna(0).to_numpy().sum())  # "#wrong"; older releases print "error"
     if wrong:
-        verdicts.append(Verdict(f"{where}: results", "broken", None, None,
+        verdicts.append(JudgedMeasurement(f"{where}: results", "broken", None, None,
                                 f"{where}: {wrong} wrong elements: the collective corrupts data"))
     peak_row = table.loc[table["busbw"].idxmax()]
     peak, last = float(peak_row["busbw"]), float(table["busbw"].iloc[-1])
     if peak > 0 and last < COLLAPSE_FRACTION * peak:
-        verdicts.append(Verdict(f"{where}: large messages", "broken", last, peak,
+        verdicts.append(JudgedMeasurement(f"{where}: large messages", "broken", last, peak,
                                 f"{where}: bus bandwidth falls from {peak:.1f} GB/s at {int(peak_row['bytes']):,} B "
                                 f"to {last:.1f} GB/s at {int(table['bytes'].iloc[-1]):,} B: the link gives way "
                                 "under load (a transport fallback, a congested or failing link)"))
@@ -263,21 +264,21 @@ class _LastLine:
             yield line
 
 
-def _judged(path: Path, judge_file: Callable[[Iterable[str]], list[Verdict]]) -> list[Verdict]:
+def _judged(path: Path, judge_file: Callable[[Iterable[str]], list[JudgedMeasurement]]) -> list[JudgedMeasurement]:
     """A result file's verdicts, read in a stream from a regular text file; one that is something else, or holds
     no result (the benchmark failed or printed nothing), is broken."""
     try:
         lines = _LastLine(bounded_reading.Lines(path, what="result file", fix=_RESULT_FIX))
     except bounded_reading.NotReadable as error:
-        return [Verdict(path.stem, "broken", None, None, str(error))]
+        return [JudgedMeasurement(path.stem, "broken", None, None, str(error))]
     try:
         return judge_file(lines)
     except ValueError:
-        return [Verdict(path.stem, "broken", None, None,
+        return [JudgedMeasurement(path.stem, "broken", None, None,
                         f"{path.name}: no result; its last line: {lines.last[:200] or 'nothing'}")]
 
 
-def _judge(path: Path, minimum_busbw_gb_s: float | None) -> list[Verdict]:
+def _judge(path: Path, minimum_busbw_gb_s: float | None) -> list[JudgedMeasurement]:
     """The verdicts of one result, which its name says how to read; a name the check does not know is said."""
     if osu := _OSU_NAME.fullmatch(path.name):
         pair = int(osu["first"]), int(osu["second"])
@@ -286,7 +287,7 @@ def _judge(path: Path, minimum_busbw_gb_s: float | None) -> list[Verdict]:
     if _COLLECTIVE_NAME.fullmatch(path.name):
         return _judged(path, lambda lines: judge_collective(parse_collective_table(lines), path.stem,
                                                             minimum_busbw_gb_s))
-    return [Verdict(path.stem, "not judged", None, None,
+    return [JudgedMeasurement(path.stem, "not judged", None, None,
                     f"{path.name}: not read, a name the health check does not know: it reads {RESULT_NAMES}; "
                     "rename the file to the one it holds")]
 

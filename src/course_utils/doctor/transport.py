@@ -20,7 +20,7 @@ SHARP plugin: IB too), ``UCX`` (the rdma-sharp plugin's), ``Socket``
 (plain TCP: far slower; on LUMI it means the plugin was not loaded). Without GPUs the ranks use
 gloo, which speaks TCP and prints no such report.
 
-    python -m course_utils.parallel.transport LOGFILE   # the verdict and the table
+    python -m course_utils.doctor.transport LOGFILE   # the verdict and the table
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from course_utils.parallel import bounded_reading
+from course_utils import bounded_reading
 
 # Every pattern reads a line in linear time: none ends in a lazy group before ``\s*$`` (which tries the rest of the
 # line again at each character); a line's trailing blanks are stripped before CHANNEL reads it.
@@ -222,13 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log", type=Path, help="a run's output with NCCL_DEBUG=INFO")
     args = parser.parse_args(argv)
-    try:
-        transport = read(bounded_reading.Lines(args.log))
-    except bounded_reading.NotReadable as error:
-        print(f"transport: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(f"transport: cannot read {args.log} ({error.strerror})", file=sys.stderr)
+    transport = bounded_reading.read_for_a_command("transport", args.log,
+                                                   lambda path: read(bounded_reading.Lines(path)))
+    if transport is None:
         return 2
     print(transport.verdict())
     if not transport.connections.empty:

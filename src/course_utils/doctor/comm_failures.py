@@ -6,11 +6,11 @@ it means, the fix (environment variables, module loads, container flags) and the
 log often shows several: a missing network plugin, then sockets, then a hang. The cause is the finding that shows
 first in the log, unless another finding explains it (PyTorch's bundled RCCL is why the image's plugin was not
 found); the rest are reported as consequences. What the library chose (its network, plugin and connections) is
-read by :mod:`course_utils.parallel.transport`, not again here. A hang that leaves no error line can only be
+read by :mod:`course_utils.doctor.transport`, not again here. A hang that leaves no error line can only be
 consistent with a known report: its row names what the log cannot show (the image it was reported on), and the
 sentence says so rather than claiming it.
 
-    python -m course_utils.parallel.comm_failures LOGFILE   # one sentence: the failure and its fix
+    python -m course_utils.doctor.comm_failures LOGFILE   # one sentence: the failure and its fix
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from course_utils.parallel import bounded_reading, transport
+from course_utils import bounded_reading
+from course_utils.doctor import transport
 
 # Every pattern reads a line in linear time: no lazy group before ``\s*$``, no ``.*`` between two words (tried again
 # from each place the first word stands), no two blanks' quantifiers side by side.
@@ -403,13 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log", type=Path, help="a run's output (NCCL_DEBUG=INFO or WARN), all ranks together")
     args = parser.parse_args(argv)
-    try:
-        diagnosis = read_log(args.log)
-    except bounded_reading.NotReadable as error:
-        print(f"comm_failures: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(f"comm_failures: cannot read {args.log} ({error.strerror})", file=sys.stderr)
+    diagnosis = bounded_reading.read_for_a_command("comm_failures", args.log, read_log)
+    if diagnosis is None:
         return 2
     print(diagnosis.sentence())
     return 0

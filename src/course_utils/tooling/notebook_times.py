@@ -1,6 +1,6 @@
 """No notebook: how long each notebook takes, per size and machine, as ``benchmarks/notebook_times.py``
 measured it, kept in ``benchmarks/results/notebook_times.csv``; the README's table, the instructor guide's
-and every notebook's "Time" line are written from it (:mod:`course_utils.lessons.time_lines`).
+and every notebook's "Time" line are written from it (:mod:`course_utils.tooling.time_lines`).
 
 One row per notebook, size and machine. Recording a new measurement replaces the row of the same three and
 keeps every other, so a GPU machine's rows and a laptop's live side by side. A row measured without a GPU
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from course_utils import config, devices
 from course_utils.atomic_files import write_text_atomic
-from course_utils.lessons import reference
+from course_utils.experiments import reference
 
 TABLE = "notebook_times.csv"
 # Other processes using half a core or more on average while a notebook ran make its time a busy machine's.

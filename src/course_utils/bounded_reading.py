@@ -14,10 +14,13 @@ from __future__ import annotations
 import codecs
 import os
 import stat
+import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
+
+Read = TypeVar("Read")
 
 MAX_LINE_CHARS = 4096  # a line longer than this is cut before matching (NCCL's lines are far shorter)
 LINE_BYTES = 2**20  # what is read of one physical line (it may hold many \r-separated progress-bar updates)
@@ -146,3 +149,15 @@ def _size(nbytes: int) -> str:
 def cut(lines: Iterable[str]) -> Iterator[str]:
     """Lines given in memory, each cut to :data:`MAX_LINE_CHARS` as :class:`Lines` cuts those of a file."""
     return (line[:MAX_LINE_CHARS] for line in lines)
+
+
+def read_for_a_command(program: str, path: Path, read: Callable[[Path], Read]) -> Read | None:
+    """``read(path)`` for the command-line reader ``program``; None once it has said on stderr why the file could
+    not be read (not a regular text file, or the system's refusal)."""
+    try:
+        return read(path)
+    except NotReadable as error:
+        print(f"{program}: {error}", file=sys.stderr)
+    except OSError as error:
+        print(f"{program}: cannot read {path} ({error.strerror})", file=sys.stderr)
+    return None

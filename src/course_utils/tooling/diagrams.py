@@ -1,7 +1,7 @@
 """No notebook: the diagrams of the lessons, drawn by code into img/ (notebooks 06, 07, 08 and 09 show them):
 DataParallel against DDP, the ring all-reduce, a LUMI-G node, FSDP's sharding.
 
-``make figures`` (``python -m course_utils.lessons.diagrams img``) writes them as PNG files; the same code
+``make figures`` (``python -m course_utils.tooling.diagrams img``) writes them as PNG files; the same code
 always draws the same picture, so a change to a diagram is a change to this file. The ring all-reduce is
 drawn from a simulation of the algorithm, and the LUMI-G node from the binding the job scripts use.
 """

@@ -1,8 +1,8 @@
 """No notebook: what the README's table, the instructor guide and each notebook's "Time" line say about how
-long the notebooks take, written from the measured table (:mod:`course_utils.lessons.notebook_times`).
+long the notebooks take, written from the measured table (:mod:`course_utils.tooling.notebook_times`).
 
-    python -m course_utils.lessons.time_lines            # rewrite the three from the table
-    python -m course_utils.lessons.time_lines --check    # name what disagrees with the table; exit 1 if any
+    python -m course_utils.tooling.time_lines            # rewrite the three from the table
+    python -m course_utils.tooling.time_lines --check    # name what disagrees with the table; exit 1 if any
 
 ``benchmarks/notebook_times.py`` rewrites them after each timing run; a test fails while they disagree.
 The README shows each notebook's newest `ci` time on a machine without GPU and its newest `workshop` time on
@@ -20,11 +20,11 @@ from pathlib import Path
 
 from course_utils import config
 from course_utils.atomic_files import write_text_atomic
-from course_utils.lessons import notebook_times
-from course_utils.lessons.notebook_times import NotebookTime
+from course_utils.tooling import notebook_times
+from course_utils.tooling.notebook_times import NotebookTime
 
 NOT_MEASURED = "not yet measured"
-COMMAND = "python -m course_utils.lessons.time_lines"
+COMMAND = "python -m course_utils.tooling.time_lines"
 BEGIN = f"<!-- written from benchmarks/results/notebook_times.csv by `{COMMAND}`: edit the table, not this -->"
 END = "<!-- end of the written times -->"
 README_HEADER = "time (`ci` without GPU / `workshop` on GPUs)"

@@ -117,15 +117,6 @@ def python_stack(pid: int, seconds: float = STACK_SECONDS, with_locals: bool = F
     return TERMINAL_COLOURS.sub("", done.stdout).strip()
 
 
-def innermost_line(stack: str) -> str:
-    """The main thread's innermost frame in a py-spy dump: ``function (file:line)``, or '' when none shows."""
-    lines = stack.splitlines()
-    for index, line in enumerate(lines):
-        if line.startswith("Thread ") and index + 1 < len(lines) and lines[index + 1].startswith("    "):
-            return lines[index + 1].strip()
-    return ""
-
-
 def write_flight_record(folder: str | os.PathLike, rank: int) -> Path | None:
     """Write this rank's Flight Recorder (the collectives it enqueued, with the Python stack of each) to
     ``folder/rank_<rank>``, the dump torchfrtrace reads; None when recording is off (no TORCH_FR_BUFFER_SIZE)."""

@@ -1,6 +1,6 @@
 """Notebook 12: which rank is the straggler, read from every rank's own step times, and what it cost the others.
 
-The ranks of :mod:`course_utils.parallel.timed_ranks` record each step's seconds waiting for data, computing,
+The ranks of :mod:`course_utils.doctor.timed_ranks` record each step's seconds waiting for data, computing,
 and in the gradients' all-reduce. A rank's *own work* is its data and compute time; the all-reduce ends for all
 ranks together, when the last one arrives, so a rank that arrives early waits there. The straggler is the rank
 whose own work is longest, named only when it is longer than the next rank's by more than their spreads allow
@@ -15,35 +15,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.figure import Figure
 
+from course_utils.doctor.timed_ranks import RECORD
 from course_utils.observe.noise import SLOWER, Comparison, Measurement, compare, spread_text
-from course_utils.parallel.launch import LaunchResult, launch
-from course_utils.parallel.timed_ranks import RECORD
 
 WARMUP_STEPS = 2  # the first steps build buffers and warm caches on every rank alike
-PARTS = ("data_seconds", "compute_seconds", "collective_seconds")
-
-
-def run(ranks: int, out: Path, slow_rank: int | None = None, delay_ms: float = 80.0, steps: int = 20,
-        alike_steps: int = 0, timeout_seconds: float = 180) -> LaunchResult:
-    """Launch :mod:`course_utils.parallel.timed_ranks` on ``ranks`` ranks for ``alike_steps`` steps alike, then
-    ``steps`` with ``slow_rank``'s loader slowed by ``delay_ms`` per batch, within ``timeout_seconds``; records a
-    previous launch left in ``out`` are removed first, and a failed launch raises with the end of its output."""
-    out = Path(out)
-    for old in out.glob(RECORD.format(rank="*")):
-        old.unlink()
-    flags = ["--steps", str(alike_steps + steps), "--slow-from", str(alike_steps), "--delay-ms", str(delay_ms),
-             "--out", str(out)]
-    if slow_rank is not None:
-        flags += ["--slow-rank", str(slow_rank)]
-    result = launch(ranks, "course_utils.parallel.timed_ranks", *flags, log_dir=out.parent / f"{out.name}-logs",
-                    echo=False, timeout_seconds=timeout_seconds, env={"OMP_NUM_THREADS": "1"})
-    if not result.ok:
-        raise RuntimeError(f"the timed ranks failed (exit {result.returncode}):\n" + "\n".join(result.lines[-15:]))
-    return result
 
 
 def read_ranks(out: Path) -> pd.DataFrame:
@@ -68,7 +45,7 @@ def read_ranks(out: Path) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class StragglerVerdict:
     """The straggler (None when the ranks cannot be told apart), on what evidence, and what it cost."""
 
     rank: int | None
@@ -97,36 +74,19 @@ class Verdict:
         return "\n".join(lines)
 
 
-def name_straggler(table: pd.DataFrame, warmup: int = WARMUP_STEPS) -> Verdict:
+def name_straggler(table: pd.DataFrame, warmup: int = WARMUP_STEPS) -> StragglerVerdict:
     """The straggler among the ranks of ``table`` (:func:`read_ranks`, or one phase of it), judged after the
     launch's first ``warmup`` steps."""
     steady = table[table["step"] >= warmup]
     own = {int(rank): Measurement.of(group["own_seconds"]) for rank, group in steady.groupby("rank")}
     steps = int(steady["step"].nunique())
     if len(own) < 2:
-        return Verdict(None, None, own, steps=steps)
+        return StragglerVerdict(None, None, own, steps=steps)
     slowest, runner_up = sorted(own, key=lambda rank: -own[rank].median)[:2]
     comparison = compare(own[slowest].inverse(), own[runner_up].inverse())
     if comparison.verdict != SLOWER:
-        return Verdict(None, comparison, own, steps=steps)
+        return StragglerVerdict(None, comparison, own, steps=steps)
     by_step = steady.pivot(index="step", columns="rank", values="collective_seconds")
     waited = {int(rank): float((by_step[rank] - by_step[slowest]).clip(lower=0).sum())
               for rank in by_step.columns if rank != slowest}
-    return Verdict(slowest, comparison, own, waited, steps)
-
-
-def plot(table: pd.DataFrame, title: str, warmup: int = WARMUP_STEPS) -> Figure:
-    """Each rank's median step, split into data, compute and the all-reduce (where the early ranks wait)."""
-    medians = table[table["step"] >= warmup].groupby("rank")[list(PARTS)].median() * 1000
-    fig, axis = plt.subplots(figsize=(9, 0.9 + 0.4 * len(medians)))
-    start = pd.Series(0.0, index=medians.index)
-    for part, label, color in zip(PARTS, ("waiting for data", "computing", "in the all-reduce (waiting, then "
-                                                                         "moving bytes)"),
-                                  ("#dd8452", "#4c72b0", "#c44e52")):
-        axis.barh([f"rank {rank}" for rank in medians.index], medians[part], left=start, label=label, color=color)
-        start += medians[part]
-    axis.invert_yaxis()
-    axis.set(xlabel="milliseconds per step (median)", title=title)
-    axis.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    fig.tight_layout()
-    return fig
+    return StragglerVerdict(slowest, comparison, own, waited, steps)

@@ -1,7 +1,7 @@
 """Notebook 12: data-parallel ranks that time each step's parts (waiting for data, computing, the gradients'
 all-reduce), one rank's loader slowed on purpose, each rank's times written for the straggler lesson.
 
-    torchrun --nproc-per-node 2 -m course_utils.parallel.timed_ranks --slow-rank 1 --delay-ms 80 --out DIR
+    torchrun --nproc-per-node 2 -m course_utils.doctor.timed_ranks --slow-rank 1 --delay-ms 80 --out DIR
 
 With ``--slow-from N`` the slowed loader sleeps from its Nth batch on: one launch holds the ranks alike, then one
 slowed (each launch pays the start of every rank's process, longer than the steps themselves here).
