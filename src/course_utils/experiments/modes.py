@@ -105,7 +105,8 @@ def compare_modes(modes: Sequence[Variant] = (ONE_DEVICE, DATA_PARALLEL, DDP), s
         if facts.one_process_per_device:
             reusable = (ddp_summary is not None and ddp_summary["world_size"] == ddp_ranks
                         and ddp_summary["steps"] == steps and mode.options == DDP.options)
-            summary = ddp_summary if reusable else run_ranks(ddp_ranks, folder, batch_size=batch, **common).summary
+            summary = ddp_summary if reusable else run_ranks(ddp_ranks, folder, distributed=how, batch_size=batch,
+                                                                    **common).summary
             return {"mode": f"{mode.name}, {summary['world_size']} ranks", "distributed": how,
                     **mode_row(summary, summary["world_size"])}
         devices = max(1, gpus) if facts.all_gpus_in_one_process else 1

@@ -194,7 +194,7 @@ def check_skipped_batches(script: Path, folder: Path, timeout_seconds: float = 1
 
 
 def launch_straggler(ranks: int, out: Path, slow_rank: int | None = None, delay_ms: float = 80.0, steps: int = 20,
-        alike_steps: int = 0, timeout_seconds: float = 180) -> LaunchResult:
+                     alike_steps: int = 0, timeout_seconds: float = 180) -> LaunchResult:
     """Launch :mod:`course_utils.doctor.timed_ranks` on ``ranks`` ranks for ``alike_steps`` steps alike, then
     ``steps`` with ``slow_rank``'s loader slowed by ``delay_ms`` per batch, within ``timeout_seconds``; records a
     previous launch left in ``out`` are removed first, and a failed launch raises with the end of its output."""
