@@ -18,10 +18,9 @@ from dataclasses import asdict
 from course_utils import config
 from course_utils.data import coco
 from course_utils.devices import default_device, device_name
-from course_utils.experiments import reference
+from course_utils.experiments import detection_runs, reference
 from course_utils.experiments.machine_shape import parallel_shape
 from course_utils.experiments.runs import measured_steps
-from course_utils.lessons import detection
 from course_utils.training.detection_models import DETECTION_RECIPES
 
 
@@ -40,9 +39,9 @@ def main() -> None:
     shape = parallel_shape()
     with tempfile.TemporaryDirectory() as out:
         if args.one_gpu:  # the recipe's batch on one process, its rate scaled to it
-            table = detection.amp_effect((args.amp,), out=out, max_steps=args.steps)
+            table = detection_runs.amp_effect((args.amp,), out=out, max_steps=args.steps)
         else:
-            table = detection.fixed_global_batch(global_batch=args.global_batch, out=out, max_steps=args.steps,
+            table = detection_runs.fixed_global_batch(global_batch=args.global_batch, out=out, max_steps=args.steps,
                                                  amp=args.amp)
     print(table.round(3).to_string(index=False))
     model = DETECTION_RECIPES[size.name].model
@@ -51,7 +50,8 @@ def main() -> None:
              "measured": asdict(row["measured"]) if "measured" in row else None}
             for row in table.to_dict("records")]
     device = default_device() if args.one_gpu else shape.rank_device
-    path = reference.record('detection', rows, device_name(device), coco.kind(detection.detection_data(size.name)[0]))
+    data = coco.kind(detection_runs.detection_data(size.name)[0])
+    path = reference.record('detection', rows, device_name(device), data)
     print(f"recorded in {path}")
 
 

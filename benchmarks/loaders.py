@@ -23,9 +23,8 @@ import pandas as pd
 
 from course_utils import config
 from course_utils.devices import default_device, device_name
-from course_utils.experiments import reference
+from course_utils.experiments import loaders, reference
 from course_utils.experiments.reference import Goal
-from course_utils.lessons import data_loading
 
 SOURCE = ("the model never waits for data: training reaches the model's own speed within the 5 % a step varies by; "
           "KellerJordan/cifar10-airbench keeps CIFAR and its augmentation on the GPU for its records")
@@ -33,33 +32,33 @@ SOURCE = ("the model never waits for data: training reaches the model's own spee
 
 def recommended(settings: dict[str, dict]) -> list[str]:
     """The settings the course recommends: the whole data set on the device, and the pinned DataLoader with the
-    most workers (the last pinned one of :func:`data_loading.study_settings`)."""
+    most workers (the last pinned one of :func:`loaders.study_settings`)."""
     pinned = [name for name, setting in settings.items() if setting["loader"] == "torch" and setting["pin_memory"]]
     return [name for name in settings if name.startswith("resident")] + pinned[-1:]
 
 
 def goals(table: pd.DataFrame, names: list[str]) -> list[Goal]:
-    """FULL/SYNTHETIC of each recommended setting against :data:`data_loading.STEADY_GOAL`."""
+    """FULL/SYNTHETIC of each recommended setting against :data:`loaders.STEADY_GOAL`."""
     found = []
     for name in names:
         row = table[table["setting"] == name]
         value = row.iloc[0].get("full_over_synthetic") if len(row) else None
         value = None if value is None or value != value else float(value)
-        found.append(Goal(f"FULL/SYNTHETIC, {name}", value, f"at least {data_loading.STEADY_GOAL:.2f}",
-                          None if value is None else value >= data_loading.STEADY_GOAL, SOURCE))
+        found.append(Goal(f"FULL/SYNTHETIC, {name}", value, f"at least {loaders.STEADY_GOAL:.2f}",
+                          None if value is None else value >= loaders.STEADY_GOAL, SOURCE))
     return found
 
 
 def main() -> None:
     size = config.get_size()
-    warmup, steps = data_loading.steady_steps()
+    warmup, steps = loaders.steady_steps()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=steps, help=f"timed iterations of each block (default {steps})")
     parser.add_argument("--warmup", type=int, default=warmup, help="untimed iterations after each epoch's start")
     parser.add_argument("--rounds", type=int, default=3, help="epochs per setting, one timed block each (default 3)")
     args = parser.parse_args()
     device = default_device()
-    settings = data_loading.study_settings(device.type == "cuda")
+    settings = loaders.study_settings(device.type == "cuda")
     names, path = recommended(settings), None
 
     def record(rows: list[dict]) -> None:
@@ -73,7 +72,7 @@ def main() -> None:
         path = reference.record("loaders", recorded, device_name(device), reference.data_used(),
                                 goals(pd.DataFrame(rows), names), path)
 
-    table = data_loading.loader_study(settings, args.warmup, args.steps, args.rounds, on_row=record)
+    table = loaders.loader_study(settings, args.warmup, args.steps, args.rounds, on_row=record)
     for goal in goals(table, names):
         print(goal.line())
     print(f"recorded in {path}")

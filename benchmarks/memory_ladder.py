@@ -18,9 +18,9 @@ from dataclasses import asdict
 from course_utils import config
 from course_utils.devices import default_device, device_name
 from course_utils.experiments import reference
+from course_utils.experiments.ladder import climb
 from course_utils.experiments.machine_shape import parallel_shape
 from course_utils.experiments.runs import measured_steps
-from course_utils.lessons import memory_ladder
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
     if args.one_gpu and default_device().type != "cuda":
         parser.error("--one-gpu measures this process's GPU, and there is none here")
     with tempfile.TemporaryDirectory() as out:
-        ladder = memory_ladder.climb(steps=args.steps, out=out, model=args.model, batch_size=args.batch_size,
+        ladder = climb(steps=args.steps, out=out, model=args.model, batch_size=args.batch_size,
                                      image_size=args.image_size, one_gpu=args.one_gpu)
     print(ladder.round(1).to_string(index=False))
     shape = parallel_shape()

@@ -16,7 +16,7 @@ import argparse
 from course_utils import config
 from course_utils.devices import default_device, device_name
 from course_utils.experiments import reference
-from course_utils.lessons.monitoring import monitor_cost, monitor_cost_goals, monitor_cost_reading
+from course_utils.experiments.monitor_cost import monitor_cost, monitor_cost_goals, monitor_cost_reading
 from course_utils.observe.monitor import Monitor
 
 

@@ -11,7 +11,7 @@ Each stage is recorded the moment it is measured: a run cut short keeps the stag
     python benchmarks/progression.py --image-size 224 --model resnet50 --batch-size 128   # NVIDIA's configuration
     python benchmarks/progression.py --image-size 32 --model resnet18 --batch-size 128    # the workshop's step
 
-Goals (recorded with the rows; ``course_utils.lessons.precision.progression_goals``): at 224 px the fastest 16-bit
+Goals (recorded with the rows; ``course_utils.experiments.progression.progression_goals``): at 224 px the fastest 16-bit
 stage >= 2x the TF32 baseline and >= 3x strict fp32 (NVIDIA's ResNet-50 v1.5: 2.63x on an A100, 3.26x on a V100);
 at 32 px, where the step is launch-bound, CUDA graphs >= 1.5x the eager stage before them.
 """
@@ -25,7 +25,7 @@ import pandas as pd
 from course_utils import config
 from course_utils.devices import default_device, device_name
 from course_utils.experiments import reference
-from course_utils.lessons.precision import STAGES, progression_goals, step_progression
+from course_utils.experiments.progression import notebook_stages, progression_goals, step_progression
 
 
 def _line(row: dict) -> str:
@@ -42,6 +42,7 @@ def _line(row: dict) -> str:
 
 def main() -> None:
     size = config.get_size()
+    stages = notebook_stages()  # notebook 05's cell: the one design of the progression
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=size.model)
     parser.add_argument("--batch-size", type=int, default=size.batch_size)
@@ -52,9 +53,9 @@ def main() -> None:
     parser.add_argument("--stages", default=None,
                         help="comma-separated numbers of the stages to time, 0-based (default: all; the others "
                              "still lend their options to the stages after them): "
-                             + "; ".join(f"{number} {stage.name}" for number, stage in enumerate(STAGES)))
+                             + "; ".join(f"{number} {stage.name}" for number, stage in enumerate(stages)))
     args = parser.parse_args()
-    only = None if args.stages is None else {STAGES[int(n)].name for n in args.stages.split(",")}
+    only = None if args.stages is None else {stages[int(n)].name for n in args.stages.split(",")}
     device = device_name(default_device())
     setting = {"size": size.name, "model": args.model, "batch_size": args.batch_size, "image_size": args.image_size,
                "steps": args.steps, "rounds": args.rounds}
@@ -68,7 +69,7 @@ def main() -> None:
         print(_line(rows[-1]), flush=True)
 
     table = step_progression(args.model, args.batch_size, args.image_size, args.steps, args.rounds, only,
-                             args.warmup, on_row=record)
+                             args.warmup, on_row=record, stages=stages)
     for goal in progression_goals(table, args.image_size):
         print(goal.line())
     print(f"recorded in {path}")

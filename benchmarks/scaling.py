@@ -5,7 +5,7 @@
 
 The goal on GPUs: at least 90 % efficiency at 8 GPUs for ResNet-50 on CIFAR-100-sized inputs
 (weak scaling). For several nodes, submit the job scripts with --nodes 1, 2, 4 and tabulate the
-finished runs with ``python -m course_utils.lessons.scaling --collect``.
+finished runs with ``python -m course_utils.experiments.scaling_studies --collect``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import pandas as pd
 
 from course_utils import config
 from course_utils.devices import device_name
-from course_utils.experiments import reference
+from course_utils.experiments import reference, scaling_studies
 from course_utils.experiments.machine_shape import parallel_shape
 from course_utils.experiments.runs import measured_steps
-from course_utils.lessons import scaling
 
 
 def main() -> None:
@@ -31,11 +30,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3 * measured_steps(size.name))
     args = parser.parse_args()
     shape = parallel_shape()
-    counts = [count for count in scaling.scaling_ranks(size.name) if count <= shape.ranks]
+    counts = [count for count in scaling_studies.scaling_ranks(size.name) if count <= shape.ranks]
     options = {"model": args.model, "max_steps": args.steps, "device": shape.device}
     with tempfile.TemporaryDirectory() as out:
-        weak = scaling.study(counts, "weak", out=Path(out) / "weak", **options)
-        strong = scaling.study(counts, "strong", batch_size=size.batch_size, out=Path(out) / "strong",
+        weak = scaling_studies.study(counts, "weak", out=Path(out) / "weak", **options)
+        strong = scaling_studies.study(counts, "strong", batch_size=size.batch_size, out=Path(out) / "strong",
                                reuse={1: Path(out) / "weak" / "ranks-1"}, **options)
     table = pd.concat({"weak": weak, "strong": strong}, names=["study"]).reset_index(level=0)
     print(table.round(3).to_string(index=False))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from course_utils import config
 from course_utils.devices import default_device, device_name
 from course_utils.experiments import reference
-from course_utils.lessons.monitoring import sweep, sweep_size
+from course_utils.experiments.sweep import sweep, sweep_size
 
 
 def main() -> None:

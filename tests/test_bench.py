@@ -4,9 +4,9 @@ import statistics
 import pandas as pd
 import pytest
 
-from course_utils.lessons import triage as triage_command
-from course_utils.lessons.data_loading import recommend, steady_state, study_settings
-from course_utils.lessons.triage import VERDICTS, judge, triage
+from course_utils.experiments import triage as triage_command
+from course_utils.experiments.loaders import recommend, steady_state, study_settings
+from course_utils.experiments.triage import VERDICTS, judge, triage
 from course_utils.observe.clocks import timed_rate
 from course_utils.observe.profiling import NO_RANGES
 from course_utils.training.options import TrainOptions

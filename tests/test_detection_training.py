@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from course_utils.experiments import detection_runs
 from course_utils.lessons import detection
 from course_utils.parallel.launch import launch
 from course_utils.run_folder import RunFolder
@@ -68,29 +69,29 @@ def test_the_teams_table_gives_speed_up_from_seconds_per_iteration():
 
 
 def test_the_workshop_detector_takes_a_rate_scaled_to_its_batch_and_a_warm_up():
-    one_gpu = detection.workshop_recipe(2, steps=200)
+    one_gpu = detection_runs.workshop_recipe(2, steps=200)
     assert one_gpu == {"lr": pytest.approx(0.0025), "warmup_steps": 40}  # Detectron2's 0.02 is for 16 images
-    assert detection.workshop_recipe(16, steps=90_000) == {"lr": pytest.approx(0.02), "warmup_steps": 1000}
+    assert detection_runs.workshop_recipe(16, steps=90_000) == {"lr": pytest.approx(0.02), "warmup_steps": 1000}
 
 
 def test_without_coco_the_workshop_runs_use_the_photo_sized_stand_in_and_say_so(tmp_path, monkeypatch):
     from course_utils import config
 
     monkeypatch.setenv(config.DATA_VARIABLE, str(tmp_path))
-    monkeypatch.setattr(detection, "STAND_IN", (3, 2))
-    root, said = detection.detection_data("workshop")
+    monkeypatch.setattr(detection_runs, "STAND_IN", (3, 2))
+    root, said = detection_runs.detection_data("workshop")
     assert root == tmp_path / "coco-stand-in" and (root / "annotations").is_dir()
     assert "not prepared" in said and "python -m data_prep --size workshop --coco" in said
     assert "box AP says nothing" in said
     made = (root / "annotations").stat().st_mtime
-    assert detection.detection_data("workshop")[0] == root and (root / "annotations").stat().st_mtime == made
-    options = detection._options({"size": "workshop"})
+    assert detection_runs.detection_data("workshop")[0] == root and (root / "annotations").stat().st_mtime == made
+    options = detection_runs._options({"size": "workshop"})
     assert options["data_dir"] == root and options["lr"] == pytest.approx(0.0025) and options["warmup_steps"] == 40
 
 
 @pytest.mark.slow
 def test_a_diverging_detector_is_a_row_of_the_amp_table_not_a_failed_cell(tiny_coco, tmp_path):
-    amp = detection.amp_effect(("off",), out=tmp_path, size="ci", data_dir=str(tiny_coco), lr=1e9, max_steps=6,
+    amp = detection_runs.amp_effect(("off",), out=tmp_path, size="ci", data_dir=str(tiny_coco), lr=1e9, max_steps=6,
                                log_every=1, device="cpu")
     assert amp.iloc[0]["status"].startswith("diverged") and "speedup" not in amp
     assert "not compared: off: diverged" in detection._amp_line(amp)

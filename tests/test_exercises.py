@@ -7,6 +7,8 @@ must get "Not yet" and a hint about what it did; and every exercise has two stag
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -204,6 +206,28 @@ def test_each_check_says_done_only_for_what_the_exercise_asks(prefix, edits, don
     check = CHECKS[prefix][0](_exercise_function(prefix, edits))
     assert isinstance(check, Check) and check.done is done, str(check)
     assert str(check).startswith("Done: " if done else "Not yet: ") and said in check.text, str(check)
+
+
+def test_the_loaders_check_judges_the_workers_not_the_other_work_on_the_machine():
+    """Two processes that spin on the machine's two cores (a CI run beside other work, a shared login node)
+    slowed the solution's batches to one every 84 ms once; the check still reads that six workers made six batches
+    at once, and that two make two, which is not enough."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        six = data_loading.check_hidden_delay(_exercise_function("04", [("num_workers=0", "num_workers=6")]))
+        two = data_loading.check_hidden_delay(_exercise_function("04", [("num_workers=0", "num_workers=2")]))
+    finally:
+        for process in spinning:
+            process.kill()
+            process.wait()
+    assert six.done and "made up to **6** batches at once" in six.text, str(six)
+    assert not two.done and "made up to **2** batches at once" in two.text, str(two)
+
+
+def test_overlapping_spans_are_counted_at_their_most():
+    assert data_loading.most_at_once([(0, 1), (1, 2), (2, 3)]) == 1  # one after another: an end before a start
+    assert data_loading.most_at_once([(0, 4), (1, 2), (1.5, 3), (3.5, 5)]) == 3
+    assert data_loading.most_at_once([]) == 0
 
 
 def test_the_zero_grad_solution_text_agrees_with_the_checks_own_numbers():

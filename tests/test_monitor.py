@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from course_utils.experiments.monitor_cost import monitor_cost, monitor_cost_goals, monitor_cost_reading
 from course_utils.lessons import monitoring
-from course_utils.lessons.monitoring import monitor_cost, monitor_cost_goals, monitor_cost_reading
 from course_utils.observe.monitor import (
     BackendUnavailable,
     Monitor,

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from course_utils import devices
+from course_utils.experiments import progression
+from course_utils.experiments.progression import notebook_stages, unavailable
 from course_utils.lessons import precision
-from course_utils.lessons.precision import STAGES, unavailable
 from course_utils.observe.metrics import load_run
 from course_utils.observe.noise import Measurement
 from course_utils.run_folder import RunFolder
@@ -42,6 +43,7 @@ def test_fp16_on_cpu_runs_with_a_grad_scaler(quick, tmp_path):
     assert state["scaler"]["scale"] > 0  # the scaler was enabled and saved with the run
 
 
+STAGES = notebook_stages()  # notebook 05's cell, as the course ships it
 HALF_PRECISION_STAGES = {stage.options["amp"]: stage for stage in STAGES if stage.options.get("amp")}
 
 
@@ -51,7 +53,7 @@ def test_half_precision_stage_on_cpu_is_kept_only_when_not_much_slower(monkeypat
     """The probe's verdict from rates set here (fp32 at 1000 images/s), whatever this CPU is: 2.5x slower is
     within SLOWDOWN_LIMIT and still worth showing, 10x is not."""
     rates = {"off": 1000.0, amp: half_rate}
-    monkeypatch.setattr(precision, "measure_setting",
+    monkeypatch.setattr(progression, "measure_setting",
                         lambda model, batch_size, amp, **options: {"images_per_second": rates[amp]})
     reason = unavailable(HALF_PRECISION_STAGES[amp], CPU, "small_cnn")
     if slowdown is None:
@@ -64,17 +66,17 @@ def test_half_precision_stage_on_cpu_is_kept_only_when_not_much_slower(monkeypat
 def test_half_precision_probe_on_this_cpu_decides_from_what_it_measured(monkeypatch):
     """The real probe: it times fp32 and bf16 steps on this CPU, and its verdict follows those two rates."""
     measured = {}
-    real = precision.measure_setting
+    real = progression.measure_setting
 
     def recording(model, batch_size, amp, **options):
         row = real(model, batch_size, amp=amp, **options)
         measured[amp] = row["images_per_second"]
         return row
 
-    monkeypatch.setattr(precision, "measure_setting", recording)
+    monkeypatch.setattr(progression, "measure_setting", recording)
     reason = unavailable(HALF_PRECISION_STAGES["bf16"], CPU, "small_cnn")
     assert set(measured) == {"off", "bf16"} and min(measured.values()) > 0, measured
-    if measured["bf16"] * precision.SLOWDOWN_LIMIT < measured["off"]:
+    if measured["bf16"] * progression.SLOWDOWN_LIMIT < measured["off"]:
         assert reason is not None and f"({measured['bf16']:.0f} vs {measured['off']:.0f} images/s" in reason
     else:
         assert reason is None, reason
@@ -163,8 +165,8 @@ def test_a_recorded_progression_with_every_round_kept_is_read_through_its_spread
 
 
 def test_a_side_stage_is_left_out_of_the_stages_after_it_and_untimed_stages_lend_their_options(monkeypatch):
-    monkeypatch.setattr(precision, "unavailable", lambda stage, device, model: None)  # as on a GPU
-    ran = list(precision._stages_to_run(STAGES, CPU, "small_cnn", only={"+ torch.compile",
+    monkeypatch.setattr(progression, "unavailable", lambda stage, device, model: None)  # as on a GPU
+    ran = list(progression._stages_to_run(STAGES, CPU, "small_cnn", only={"+ torch.compile",
                                                                      "fp16 + GradScaler instead of bf16"}))
     (fp16, fp16_options, fp16_base, _), (compiled, options, base, _) = ran
     assert fp16_options == {"amp": "fp16", "channels_last": True, "fused_optimizer": True}
@@ -173,11 +175,11 @@ def test_a_side_stage_is_left_out_of_the_stages_after_it_and_untimed_stages_lend
 
 
 def _ladder(rates: dict[str, float], strict_status: str = "ok") -> pd.DataFrame:
-    builds_on = {precision.STRICT: None, precision.BASELINE: None, "+ bf16 autocast": precision.BASELINE,
+    builds_on = {progression.STRICT: None, progression.BASELINE: None, "+ bf16 autocast": progression.BASELINE,
                  "+ channels_last": "+ bf16 autocast", "+ fused optimizer": "+ channels_last",
                  "fp16 + GradScaler instead of bf16": "+ fused optimizer", "+ torch.compile": "+ fused optimizer",
                  "+ CUDA graphs (compile reduce-overhead)": "+ torch.compile"}
-    rows = [{"stage": stage, "status": strict_status if stage == precision.STRICT else "ok",
+    rows = [{"stage": stage, "status": strict_status if stage == progression.STRICT else "ok",
              "images_per_second": rate, "builds_on": builds_on[stage],
              "options": "amp=bf16" if "fp32" not in stage else "defaults",
              "rates": [rate * 0.99, rate, rate * 1.01]} for stage, rate in rates.items()]
@@ -185,25 +187,25 @@ def _ladder(rates: dict[str, float], strict_status: str = "ok") -> pd.DataFrame:
 
 
 def test_the_goals_follow_the_image_size_and_the_devices_fp32():
-    tf32 = _ladder({precision.STRICT: 400.0, precision.BASELINE: 1800.0, "+ bf16 autocast": 3000.0,
+    tf32 = _ladder({progression.STRICT: 400.0, progression.BASELINE: 1800.0, "+ bf16 autocast": 3000.0,
                     "+ fused optimizer": 3800.0})
-    first, second = precision.progression_goals(tf32, 224)
+    first, second = progression.progression_goals(tf32, 224)
     assert first.value == pytest.approx(3800 / 1800) and first.met and "2.0x" in first.goal
     assert second.value == pytest.approx(9.5) and second.met and "NVIDIA" in second.source
-    no_tf32 = _ladder({precision.STRICT: 0.0, precision.BASELINE: 1000.0, "+ bf16 autocast": 2500.0},
+    no_tf32 = _ladder({progression.STRICT: 0.0, progression.BASELINE: 1000.0, "+ bf16 autocast": 2500.0},
                       strict_status="not available on AMD Instinct MI250X: no TF32 here")
-    (only,) = precision.progression_goals(no_tf32, 224)
+    (only,) = progression.progression_goals(no_tf32, 224)
     assert "strict fp32 here" in only.figure and only.value == pytest.approx(2.5) and only.met is False
-    launch_bound = _ladder({precision.BASELINE: 12000.0, "+ fused optimizer": 12500.0, "+ torch.compile": 13000.0,
+    launch_bound = _ladder({progression.BASELINE: 12000.0, "+ fused optimizer": 12500.0, "+ torch.compile": 13000.0,
                             "+ CUDA graphs (compile reduce-overhead)": 27000.0})
-    (graphs,) = precision.progression_goals(launch_bound, 32)
+    (graphs,) = progression.progression_goals(launch_bound, 32)
     assert graphs.value == pytest.approx(27000 / 13000) and graphs.met
-    (untimed,) = precision.progression_goals(launch_bound.iloc[:2], 32)
+    (untimed,) = progression.progression_goals(launch_bound.iloc[:2], 32)
     assert untimed.value is None and untimed.met is None
 
 
 def test_each_stage_is_read_against_the_stage_it_builds_on_and_tf32_against_strict_fp32():
-    ladder = _ladder({precision.STRICT: 400.0, precision.BASELINE: 1800.0, "+ bf16 autocast": 3000.0,
+    ladder = _ladder({progression.STRICT: 400.0, progression.BASELINE: 1800.0, "+ bf16 autocast": 3000.0,
                       "+ channels_last": 3300.0, "+ fused optimizer": 3600.0,
                       "fp16 + GradScaler instead of bf16": 3650.0, "+ torch.compile": 4200.0})
     ladder["measured"] = [Measurement.of(rates) for rates in ladder["rates"]]

@@ -6,7 +6,7 @@ import pytest
 
 from course_utils.doctor import allreduce
 from course_utils.doctor.allreduce import bus_bandwidth, message_sizes, parse_bytes
-from course_utils.lessons import scaling
+from course_utils.experiments import scaling_studies
 from course_utils.parallel.launch import launch
 
 
@@ -51,7 +51,7 @@ def _summary(ranks: int, rate: float, batch: int = 32) -> dict:
 
 
 def test_scaling_table_speedup_and_efficiency():
-    rows = scaling.table([_summary(4, 360.0), _summary(1, 100.0), _summary(2, 190.0)])
+    rows = scaling_studies.table([_summary(4, 360.0), _summary(1, 100.0), _summary(2, 190.0)])
     assert list(rows["ranks"]) == [1, 2, 4]
     assert list(rows["speedup"]) == pytest.approx([1.0, 1.9, 3.6])
     assert list(rows["efficiency"]) == pytest.approx([1.0, 0.95, 0.9])
@@ -61,11 +61,12 @@ def test_scaling_table_speedup_and_efficiency():
 
 
 def test_strong_scaling_splits_the_global_batch():
-    assert scaling.per_rank_batch("strong", 256, 4) == 64 and scaling.per_rank_batch("weak", 256, 4) == 256
+    assert scaling_studies.per_rank_batch("strong", 256, 4) == 64
+    assert scaling_studies.per_rank_batch("weak", 256, 4) == 256
     with pytest.raises(ValueError, match="divisible"):
-        scaling.per_rank_batch("strong", 100, 3)
+        scaling_studies.per_rank_batch("strong", 100, 3)
 
 
 def test_collect_names_the_missing_summary(tmp_path):
     with pytest.raises(FileNotFoundError, match="did not finish"):
-        scaling.collect([tmp_path])
+        scaling_studies.collect([tmp_path])

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from course_utils.lessons import monitoring as sweep
+from course_utils.experiments import fixed_batch
+from course_utils.experiments.sweep import sweep
 
 
 def _impossible_allocation():
@@ -13,19 +14,19 @@ def _impossible_allocation():
 def test_allocation_failures_count_as_out_of_memory():
     with pytest.raises(RuntimeError) as refused:
         _impossible_allocation()
-    assert sweep.is_out_of_memory(refused.value)
-    assert sweep.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert not sweep.is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert fixed_batch.is_out_of_memory(refused.value)
+    assert fixed_batch.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not fixed_batch.is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
 
 
 def test_a_step_that_needs_too_much_memory_is_reported_as_a_row(monkeypatch, tiny_root):
-    real_step = sweep.train_step
+    real_step = fixed_batch.train_step
 
     def step_with_a_huge_activation(setup, batches, ranges):
         _impossible_allocation()
         return real_step(setup, batches, ranges)
 
-    monkeypatch.setattr(sweep, "train_step", step_with_a_huge_activation)
-    table = sweep.sweep(["small_cnn"], [8, 16], steps=1, warmup=0, monitor_backend="cpu", size="ci")
+    monkeypatch.setattr(fixed_batch, "train_step", step_with_a_huge_activation)
+    table = sweep(["small_cnn"], [8, 16], steps=1, warmup=0, monitor_backend="cpu", size="ci")
     assert list(table["status"]) == ["out of memory", "out of memory"]
     assert list(table["batch_size"]) == [8, 16]

@@ -10,7 +10,10 @@ the saved file the same however often the cell ran.
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from course_utils import config
 
 CHECKED_OUTPUT = "# NBVAL_CHECK_OUTPUT"
 CHECKED_COUNT = 1
@@ -44,3 +47,10 @@ def pre_save_hook(model: dict[str, Any], path: str, contents_manager: Any = None
     """Jupyter's ``FileContentsManager.pre_save_hook``: the course's notebooks are saved in their form."""
     if model.get("type") == "notebook" and path.lstrip("/").startswith("notebooks/"):
         course_form(model["content"])
+
+
+def shipped_code_cells(notebook: str) -> list[str]:
+    """The source of every code cell of ``notebooks/NOTEBOOK`` as the course ships it (not as a learner may have
+    edited and saved it since: the repository's file, read from the checkout)."""
+    path = config.checkout_root() / "notebooks" / notebook
+    return ["".join(cell["source"]) for cell in json.loads(path.read_text())["cells"] if cell["cell_type"] == "code"]

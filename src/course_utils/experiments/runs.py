@@ -68,13 +68,19 @@ def _refuse_shared_folders(variants: list[Variant]) -> None:
         named[variant.folder_name] = variant.name
 
 
-def run_variants(variants: Iterable[Variant], run: Callable[[Variant], dict[str, Any]],
-                 desc: str = "variants") -> pd.DataFrame:
-    """Run each variant in order, with a progress bar; one row per variant: its name, then what ``run`` measured.
-    Two variants of one name, or of one folder name, are refused before any run."""
+def run_variants(variants: Iterable[Variant], run: Callable[[Variant], dict[str, Any]], desc: str = "variants",
+                 on_row: Callable[[list[dict[str, Any]]], object] | None = None,
+                 column: str = "variant") -> pd.DataFrame:
+    """Run each variant in order, with a progress bar; one row per variant: its name (in ``column``), then what
+    ``run`` measured. Two variants of one name, or of one folder name, are refused before any run. ``on_row`` gets
+    the rows so far after each variant (a benchmark records them the moment they exist)."""
     variants = list(variants)
     _refuse_shared_folders(variants)
-    rows = [{"variant": variant.name, **run(variant)} for variant in tqdm(variants, desc=desc, unit="run")]
+    rows: list[dict[str, Any]] = []
+    for variant in tqdm(variants, desc=desc, unit="run"):
+        rows.append({column: variant.name, **run(variant)})
+        if on_row is not None:
+            on_row(rows)
     return pd.DataFrame(rows)
 
 
@@ -94,18 +100,23 @@ def measured_steps(size: str | None = None) -> int:
 
 
 def run_ranks(nproc: int, out: Path, echo: bool = False, distributed: str = "ddp", env: dict[str, str] | None = None,
-              **options: Any) -> LaunchResult:
-    """``options`` trained with DDP (or FSDP) on ``nproc`` ranks under torchrun; the launch, with the run's
-    summary and every rank's output, or an error with the end of torchrun's output when a rank failed.
-    ``env``: variables for the ranks."""
+              timeout_seconds: float | None = None, max_restarts: int = 0, **options: Any) -> LaunchResult:
+    """``options`` trained with ``distributed`` (DDP by default, or any mode of ``--distributed``) on ``nproc``
+    ranks under torchrun, its logs beside ``out``: the one way the course starts the training command on several
+    ranks. The launch, with the run's summary and every rank's output, or an error with the end of torchrun's
+    output when the job failed. ``env``: variables for the ranks; ``timeout_seconds`` and ``max_restarts``: as
+    :func:`course_utils.parallel.launch.launch` takes them."""
     if cpu_ranks(options):  # one rank gets the threads of each of several, as torchrun gives them
         env = {"OMP_NUM_THREADS": str(RANK_THREADS), **(env or {})}
     result = launch(nproc, "course_utils.train", *to_flags(**{**SCRATCH, **options}, distributed=distributed,
                                                            out=out),
-                    log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=echo, env=env)
+                    log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=echo, env=env,
+                    timeout_seconds=timeout_seconds, max_restarts=max_restarts)
     if not result.ok:
         tail = "\n".join(result.lines[-15:])
-        raise RuntimeError(f"{distributed.upper()} on {nproc} ranks failed (exit {result.returncode}):\n{tail}")
+        restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
+        raise RuntimeError(f"--distributed {distributed} on {nproc} ranks failed{restarts} (exit "
+                           f"{result.returncode}):\n{tail}")
     return result
 
 

@@ -19,12 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from course_utils.experiments.machine_shape import RANK_THREADS
-from course_utils.experiments.runs import SCRATCH
+from course_utils.experiments.runs import run_ranks
 from course_utils.observe.metrics import read_records
-from course_utils.parallel.launch import LaunchResult, launch
+from course_utils.parallel.launch import LaunchResult
 from course_utils.run_folder import RunFolder
-from course_utils.training.options import to_flags
 
 POLL_SECONDS = 0.02
 RANKS = 2
@@ -116,15 +114,11 @@ def crash_and_restart(out: Path, crash_at: int = 11, timeout_seconds: float = 30
     out = Path(out)
     shutil.rmtree(out, ignore_errors=True)
     watcher = StepWatcher(out)
-    flags = to_flags(**{**SCRATCH, **options}, distributed="ddp", resume="auto", crash_at_step=crash_at, out=out)
     try:
-        result = launch(RANKS, "course_utils.train", *flags, log_dir=out.parent / f"{out.name}-logs", echo=False,
-                        timeout_seconds=timeout_seconds, max_restarts=1, env={"OMP_NUM_THREADS": str(RANK_THREADS)})
+        result = run_ranks(RANKS, out, resume="auto", crash_at_step=crash_at, timeout_seconds=timeout_seconds,
+                           max_restarts=1, **options)
     finally:
         watcher.stop()
-    if not result.ok:
-        raise RuntimeError(f"the job did not finish after its restart (exit {result.returncode}):\n"
-                           + "\n".join(result.lines[-20:]))
     return result, time_lost(watcher, crash_at, result)
 
 

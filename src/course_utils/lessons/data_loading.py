@@ -1,48 +1,24 @@
-"""Notebook 04: the DataLoader's knobs swept and a setting recommended, the loaders compared through the
-triage, the answer that reads them, their figures, and the check of the exercise on the learner's loader.
-
-Every setting is judged by what training gets with it, not by the loader alone: a worker that speeds up the
-loader but takes a core from the model makes training slower. The sweep's worker counts and the triage's
-iterations are sized by the course size here.
+"""Notebook 04: what the loader experiments (:mod:`course_utils.experiments.loaders`) showed, in an answer and
+figures, and the check of the exercise on the learner's loader.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 from matplotlib.figure import Figure
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
-from course_utils import config, devices
+from course_utils import devices
 from course_utils.data.datasets import SyntheticImages
 from course_utils.data.loaders import DelayedCollate
-from course_utils.lessons.triage import BALANCE, judge, loading_cost_us, triage
-from course_utils.observe.clocks import timed_rate
-from course_utils.observe.noise import DISTURBED_CAUSE, Measurement, compare
-from course_utils.observe.profiling import NO_RANGES
+from course_utils.experiments.triage import BALANCE
+from course_utils.observe.noise import DISTURBED_CAUSE
 from course_utils.tooling.exercises import Check
-from course_utils.training.options import TrainOptions
-from course_utils.training.setup import Setup, prepare
-from course_utils.training.step import device_batches, train_step
-
-LOADER_WORKERS = {"ci": (2,), "workshop": (1, 2, 4, 7)}  # worker counts of the DataLoader sweep
-TRIAGE_STEPS = {"ci": 20, "workshop": 100}  # timed iterations of each triage mode
-
-
-def loader_workers(size: str | None = None) -> tuple[int, ...]:
-    """The worker counts the sweep tries at the active course size (or at ``size``)."""
-    return LOADER_WORKERS[config.get_size(size).name]
-
-
-def triage_steps(size: str | None = None) -> int:
-    """Timed iterations of each of the triage's modes at the active course size (or at ``size``)."""
-    return TRIAGE_STEPS[config.get_size(size).name]
 
 
 def loader_rate(loader: Iterable, device: torch.device, batches: int) -> float:
@@ -63,9 +39,36 @@ DELAY_SECONDS = 0.1  # the exercise's slow loader: every batch takes this long t
 STEP_SECONDS = 0.025  # and the model it feeds takes this long per step
 
 
+class _TimedCollate:
+    """The learner's collate, returning with each batch when its making began and ended: the workers read the
+    machine's monotonic clock, the one the checking process reads too."""
+
+    def __init__(self, collate: Callable[[list], object]) -> None:
+        self.collate = collate
+
+    def __call__(self, samples: list) -> tuple[object, tuple[float, float]]:
+        start = time.monotonic()
+        batch = self.collate(samples)
+        return batch, (start, time.monotonic())
+
+
+def most_at_once(spans: Iterable[tuple[float, float]]) -> int:
+    """The most of ``spans`` (start, end) that were under way at one moment."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])  # an end before a start
+    running = most = 0
+    for _, change in edges:
+        running += change
+        most = max(most, running)
+    return most
+
+
 def check_hidden_delay(make_loader: Callable[[Dataset, int, float], DataLoader], batches: int = 16) -> Check:
     """Exercise: does the learner's loader, each of whose batches still takes :data:`DELAY_SECONDS` to make,
-    deliver a batch every :data:`STEP_SECONDS` (within the triage's balance) once its workers have started?"""
+    make enough batches at once to deliver one every :data:`STEP_SECONDS` (within the triage's balance)?
+
+    What is judged is how many batches were being made at the same moment, read from when each one's making began
+    and ended: the mechanism the lesson teaches, which other work on the machine cannot hide. How often batches
+    then reached this process is reported beside it: on a busy machine it also measures the other work."""
     loader = make_loader(SyntheticImages(64 * batches, 16), 16, DELAY_SECONDS)
     collate = loader.collate_fn
     if not isinstance(collate, DelayedCollate) or collate.delay_seconds != DELAY_SECONDS or loader.batch_size != 16:
@@ -73,210 +76,26 @@ def check_hidden_delay(make_loader: Callable[[Dataset, int, float], DataLoader],
                             "ms: the delay stands for slow decoding, which a real pipeline cannot drop. Keep "
                             "`collate_fn=DelayedCollate(delay_seconds)` and `batch_size`, and hide the delay with "
                             "workers (`num_workers`).")
+    loader.collate_fn = _TimedCollate(collate)
     iterator = iter(loader)
     next(iterator)  # the workers' start-up, paid once per epoch, is not the steady rate
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    seconds = (time.perf_counter() - start) / batches
+    start = time.monotonic()
+    spans = [next(iterator)[1] for _ in range(batches)]
+    arrival = (time.monotonic() - start) / batches
     del iterator
-    text = (f"with {loader.num_workers} workers your loader made a batch every **{seconds * 1000:.0f} ms** "
-            f"(each takes {DELAY_SECONDS * 1000:.0f} ms to make); the model needs one every "
-            f"{STEP_SECONDS * 1000:.0f} ms")
-    if seconds <= STEP_SECONDS * (1 + BALANCE):
-        return Check(True, f"{text}: the workers hide the delay, and the model would not wait.")
-    return Check(False, f"{text}: the model would wait for data. Each worker makes one batch per "
-                        f"{DELAY_SECONDS * 1000:.0f} ms: how many make one every {STEP_SECONDS * 1000:.0f} ms? Set "
-                        "`num_workers` and run it again.")
-
-
-def _warm(setup: Setup) -> None:
-    """One untimed training step on a random batch, so the first timed step pays no set-up costs."""
-    cfg = setup.cfg
-    images = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=setup.device)
-    labels = torch.zeros(cfg.batch_size, dtype=torch.long, device=setup.device)
-    train_step(setup, [(images, labels)], NO_RANGES)
-    devices.synchronize(setup.device)
-
-
-def epochs_rate(setup: Setup, epochs: int = 2, train: bool = False) -> float:
-    """Images per second of whole passes over the training loader, iterator start included: this
-    is where worker start-up and persistent workers show. Each batch is copied to the device (IO),
-    and with ``train`` also trained on (FULL)."""
-    images = 0
-    devices.synchronize(setup.device)
-    start = time.perf_counter()
-    for _ in range(epochs):
-        for batch in device_batches(setup):
-            if train:
-                train_step(setup, [batch], NO_RANGES)
-            images += len(batch[1])
-    devices.synchronize(setup.device)
-    return images / (time.perf_counter() - start)
-
-
-def loader_settings(workers: tuple[int, ...], gpu: bool) -> list[dict]:
-    """Every combination of the DataLoader knobs, leaving out those that mean nothing here: prefetch
-    and persistence without workers, pinned memory without a GPU to copy to."""
-    pins = (False, True) if gpu else (False,)
-    settings = [{"workers": 0, "pin_memory": pin, "persistent_workers": False, "prefetch_factor": None}
-                for pin in pins]
-    settings += [{"workers": w, "pin_memory": pin, "persistent_workers": persistent, "prefetch_factor": prefetch}
-                 for w in workers if w > 0 for pin in pins for persistent in (False, True) for prefetch in (2, 4)]
-    return settings
-
-
-def loader_sweep(workers: tuple[int, ...], steps_per_epoch: int = 8, epochs: int = 2, **options) -> pd.DataFrame:
-    """For every setting of :func:`loader_settings`: the loader alone (``io``) and training with it
-    (``full``), in images per second over whole short epochs (:func:`epochs_rate`)."""
-    options.setdefault("progress", False)
-    rows = []
-    gpu = devices.default_device().type == "cuda"
-    for setting in tqdm(loader_settings(workers, gpu), desc="loader settings", unit="setting"):
-        cfg = TrainOptions(**{**options, **setting}).resolved()
-        setup = prepare(TrainOptions(**{**asdict(cfg), "train_samples": cfg.batch_size * steps_per_epoch}))
-        try:
-            io = epochs_rate(setup, epochs)
-            _warm(setup)
-            rows.append({**setting, "io": io, "full": epochs_rate(setup, epochs, train=True)})
-        finally:
-            setup.loaders.close()
-    return pd.DataFrame(rows)
-
-
-def recommend(table: pd.DataFrame, within: float = 0.95) -> dict:
-    """The cheapest setting (fewest workers) whose training throughput is within ``within`` of the
-    best, as options for :func:`triage` or ``train``.
-
-    Judged by FULL, not by the loader alone: a worker that speeds up the loader but takes a core
-    from the model (a CPU-only machine) makes training slower, and more workers than it takes to
-    keep the model fed only cost memory and start-up time.
-    """
-    good = table[table["full"] >= within * table["full"].max()]
-    best = good.sort_values(["workers", "full"], ascending=[True, False]).iloc[0]
-    workers = int(best["workers"])
-    return {"workers": workers, "pin_memory": bool(best["pin_memory"]),
-            "persistent_workers": bool(best["persistent_workers"]),
-            "prefetch_factor": int(best["prefetch_factor"]) if workers > 0 else None}
-
-
-def compare_loaders(loaders: tuple[str, ...] = ("torch", "dali", "gpu-aug", "resident"), steps: int = 30,
-                    warmup: int = 5, **options) -> pd.DataFrame:
-    """IO, SYNTHETIC and FULL for each loader; a loader that cannot run here says why."""
-    rows = []
-    for loader in loaders:
-        try:
-            result = triage(steps, warmup, loader=loader, **options)
-        except RuntimeError as error:  # DaliUnavailable and device errors name their reason
-            rows.append({"loader": loader, "verdict": f"not available: {error}"})
-            continue
-        rows.append({"loader": loader, "io": result.io, "synthetic": result.synthetic, "full": result.full,
-                     "full_over_synthetic": result.full / result.synthetic,
-                     "loading_us_per_image": loading_cost_us(result.full, result.synthetic), "verdict": result.verdict})
-    return pd.DataFrame(rows)
-
-
-STEADY_STEPS = {"ci": 10, "workshop": 150}  # timed iterations of each block of the steady-state study
-STEADY_WARMUP = {"ci": 2, "workshop": 20}  # untimed iterations after each epoch's start: the iterator's own start-up
-STEADY_GOAL = 0.95  # FULL / SYNTHETIC with the recommended loader: the model never waits for data
-
-
-def steady_steps(size: str | None = None) -> tuple[int, int]:
-    """Warm-up and timed iterations of the steady-state loader study at the active size (or at ``size``)."""
-    name = config.get_size(size).name
-    return STEADY_WARMUP[name], STEADY_STEPS[name]
-
-
-def study_settings(gpu: bool, workers: int | None = None) -> dict[str, dict]:
-    """The loaders the steady-state study compares, by name: the DataLoader as the course recommended it before
-    (4 workers, pageable memory), pinned, with every worker the process's cores allow, augmentation on the
-    device, and the whole data set on the device. Pinning means nothing without a GPU: there those rows are
-    left out."""
-    workers = config.get_size().workers if workers is None else workers
-    dataloader = {"loader": "torch", "persistent_workers": True, "prefetch_factor": 4}
-    settings = {"torch, 4 workers, pageable": {**dataloader, "workers": 4, "pin_memory": False}}
-    if gpu:
-        settings["torch, 4 workers, pinned"] = {**dataloader, "workers": 4, "pin_memory": True}
-        settings[f"torch, {workers} workers, pinned"] = {**dataloader, "workers": workers, "pin_memory": True}
-    settings["gpu-aug, 2 workers"] = {"loader": "gpu-aug", "workers": 2, "pin_memory": gpu,
-                                      "persistent_workers": True}
-    settings["resident (whole data set on the device)"] = {"loader": "resident", "workers": 0}
-    return settings
-
-
-def _steady_epoch(setup: Setup, epoch: int, warmup: int, steps: int) -> dict[str, float]:
-    """FULL, IO and SYNTHETIC images/s of one epoch of :func:`steady_state`, after its warm-up."""
-    setup.loaders.set_epoch(epoch)
-    batches = device_batches(setup)
-    fixed = None
-    for _ in range(warmup):
-        fixed = next(batches)
-        train_step(setup, [fixed], NO_RANGES)
-    fixed = fixed or next(batches)
-
-    def full_step() -> int:
-        batch = next(batches)
-        train_step(setup, [batch], NO_RANGES)
-        return len(batch[1])
-
-    def synthetic_step() -> int:
-        train_step(setup, [fixed], NO_RANGES)
-        return len(fixed[1])
-
-    try:
-        return {"full": timed_rate(full_step, steps, 0, setup.device)[0],
-                "io": timed_rate(lambda: len(next(batches)[1]), steps, 0, setup.device)[0],
-                "synthetic": timed_rate(synthetic_step, steps, 0, setup.device)[0]}
-    finally:
-        batches.close()  # the epoch ends here: its iterator (and workers that do not persist) with it
-
-
-def steady_state(warmup: int, steps: int, rounds: int, **options) -> dict:
-    """IO, SYNTHETIC and FULL of one loader setting in steady state: in each of ``rounds`` epochs, ``warmup``
-    untimed training steps after the epoch's start (the workers' start-up, the first batches' waits), then
-    ``steps`` timed steps training on the loader's batches (FULL), ``steps`` fetching them alone (IO), and
-    ``steps`` training on one fixed batch already on the device (SYNTHETIC). Every timed batch comes from
-    inside one epoch: a ValueError where an epoch is shorter than that."""
-    options.setdefault("progress", False)
-    setup = prepare(TrainOptions(**options))
-    try:
-        per_epoch = len(setup.loaders.train)
-        if max(warmup, 1) + 2 * steps > per_epoch:
-            raise ValueError(f"{warmup} warm-up and 2 x {steps} timed steps do not fit in one epoch of {per_epoch} "
-                             "batches, and a timing across an epoch's end would include the next one's start; use "
-                             "more samples or fewer steps")
-        rates: dict[str, list[float]] = {"io": [], "synthetic": [], "full": []}
-        for epoch in range(rounds):
-            for name, rate in _steady_epoch(setup, epoch, warmup, steps).items():
-                rates[name].append(rate)
-        ratios = [full / synthetic for full, synthetic in zip(rates["full"], rates["synthetic"])]
-        medians = {name: Measurement.of(values).median for name, values in rates.items()}
-        ratio = Measurement.of(ratios)
-        return {**medians, "full_over_synthetic": ratio.median, "full_over_synthetic_low": ratio.low,
-                "full_over_synthetic_high": ratio.high, "rates": rates, "rounds": rounds, "warmup": warmup,
-                "steps": steps, "steps_per_epoch": per_epoch,
-                "comparison": compare(Measurement.of(rates["full"]), Measurement.of(rates["synthetic"]), bound=(0, 1),
-                                      why="training with a loader does the model's work and more").verdict,
-                "verdict": judge(medians["io"], medians["synthetic"], medians["full"])[0]}
-    finally:
-        setup.loaders.close()
-
-
-def loader_study(settings: dict[str, dict], warmup: int, steps: int, rounds: int,
-                 on_row: Callable[[list[dict]], object] | None = None, **options) -> pd.DataFrame:
-    """:func:`steady_state` for every named setting; a loader that cannot run here keeps its reason.
-    ``on_row`` gets the rows so far after each (a benchmark records them the moment they exist)."""
-    rows: list[dict] = []
-    for name, setting in settings.items():
-        row = {"setting": name, **setting}
-        try:
-            row.update(steady_state(warmup, steps, rounds, **{**options, **setting}))
-        except RuntimeError as error:  # DaliUnavailable and device errors name their reason
-            row["verdict"] = f"not available: {error}"
-        rows.append(row)
-        if on_row is not None:
-            on_row(rows)
-    return pd.DataFrame(rows)
+    at_once = most_at_once(spans)
+    every = DELAY_SECONDS / at_once
+    made = f"up to **{at_once}** batches at once" if at_once > 1 else "**one** batch at a time"
+    text = (f"with {loader.num_workers} workers your loader made {made}, each taking {DELAY_SECONDS * 1000:.0f} "
+            f"ms: one every **{every * 1000:.0f} ms**, where the model needs one every {STEP_SECONDS * 1000:.0f} ms")
+    if every > STEP_SECONDS * (1 + BALANCE):
+        return Check(False, f"{text}: the model would wait for data. Each worker makes one batch per "
+                            f"{DELAY_SECONDS * 1000:.0f} ms: how many make one every {STEP_SECONDS * 1000:.0f} ms? "
+                            "Set `num_workers` and run it again.")
+    delivered = (f" They reached this process every {arrival * 1000:.0f} ms" + (
+        ": other work on this machine held its cores, which the workers' waiting does not need."
+        if arrival > STEP_SECONDS * (1 + BALANCE) else "."))
+    return Check(True, f"{text}: the workers hide the delay, and the model would not wait.{delivered}")
 
 
 def loaders_answer(comparison: pd.DataFrame, best_setting: dict) -> str:

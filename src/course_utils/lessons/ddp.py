@@ -270,7 +270,7 @@ def ddp_knobs(settings: Sequence[Variant], nproc: int | None = None, steps: int 
                 "steady_iteration_seconds": max(r["steady_iteration_seconds"] for r in summary["per_rank"]),
                 "global_batch": summary["global_batch_size"], "measured": measured_rate(summary)}
 
-    table = run_variants(settings, run, desc="settings").rename(columns={"variant": "setting"})
+    table = run_variants(settings, run, desc="settings", column="setting")
     table["relative"] = table["images_per_second"] / table["images_per_second"].iloc[0]
     return table
 

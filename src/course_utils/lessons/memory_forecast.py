@@ -23,8 +23,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from course_utils.experiments.ladder import MIB, how, needs_gpus, notebook_rungs
 from course_utils.experiments.runs import Variant
-from course_utils.lessons.memory_ladder import LADDER, MIB, how, needs_gpus
 from course_utils.observe.memory import KINDS, SavedActivations, held_bytes, measure_step
 from course_utils.parallel.layout import mode_of
 from course_utils.training import models
@@ -187,13 +187,13 @@ def gap_answer(comparison: pd.DataFrame, measured: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def fitting_rung(budget_mib: float, ranks: int, rungs: Sequence[Variant] = LADDER, on_gpus: bool = False,
+def fitting_rung(budget_mib: float, ranks: int, rungs: Sequence[Variant] | None = None, on_gpus: bool = False,
                  **options: Any) -> tuple[pd.DataFrame, str | None]:
     """Each rung of notebook 09's ladder forecast per rank over ``ranks`` ranks, against ``budget_mib`` of device
     memory, and the name of the cheapest that fits (the ladder's order: each rung adds communication or
     recomputation), or None. Offload keeps the shards and optimizer state in host memory, on GPUs only."""
     rows = []
-    for rung in rungs:
+    for rung in rungs or notebook_rungs():
         if needs_gpus(rung) and not on_gpus:
             continue
         run = {**options, "distributed": "none", **rung.options}

@@ -1,11 +1,5 @@
-"""Notebook 09: the memory ladder (one process, DDP, FSDP, FSDP with activation checkpointing, FSDP with
-offload, each trained for real and its memory per rank measured by kind), the rule of thumb beside it, and
-what the learner's FSDP2 script held on each rank.
-
-Every rung trains the same model at the same per-rank batch for the same steps, on the devices
-:func:`course_utils.experiments.machine_shape.parallel_shape` picks: one GPU per rank where there are two
-or more, CPU processes talking through gloo elsewhere (never two NCCL ranks on one GPU). Offload
-needs GPUs: on CPU processes its rung is left out and the table says so.
+"""Notebook 09: what the memory ladder (:mod:`course_utils.experiments.ladder`) measured, the rule of thumb
+beside it, what the learner's FSDP2 script held on each rank, and the answer and figure that read them.
 """
 
 from __future__ import annotations
@@ -18,85 +12,14 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
-from tqdm.auto import tqdm
 
-from course_utils import config
-from course_utils.experiments.machine_shape import cpu_ranks, parallel_shape, threads_of_a_rank
-from course_utils.experiments.runs import SCRATCH, Variant, measured_rate, measured_steps, run_ranks
-from course_utils.observe.memory import KINDS
+from course_utils.experiments.ladder import MIB
 from course_utils.observe.noise import compare
 from course_utils.parallel.launch import launch
 from course_utils.parallel.layout import mode_of
 from course_utils.tooling.exercises import Check, judge_launch
-from course_utils.train import train
 
-MIB = 2**20
 SHARD_SLACK = 1.05  # a rank's shard of a parameter may be padded: dim 0 split into equal parts
-
-
-# A rung is a Variant: its name, and the training options that differ (``distributed`` at least).
-LADDER = (
-    Variant("one process", distributed="none"),
-    Variant("DDP", distributed="ddp"),
-    Variant("FSDP", distributed="fsdp"),
-    Variant("FSDP + activation checkpointing", distributed="fsdp", activation_checkpointing=True),
-    Variant("FSDP + checkpointing + offload", distributed="fsdp", activation_checkpointing=True, offload=True),
-)
-# On one GPU (world size 1, nothing to shard over): what one device holds by kind, with and without checkpointing.
-ONE_GPU_LADDER = (
-    Variant("one process", distributed="none"),
-    Variant("one process + activation checkpointing", distributed="none", activation_checkpointing=True),
-)
-
-
-def needs_gpus(rung: Variant) -> bool:
-    """Offloading moves FSDP's shards between a GPU and host memory: on CPU ranks there is nothing to move."""
-    return bool(rung.options.get("offload"))
-
-
-def how(rung: Variant) -> str:
-    return rung.options.get("distributed", "none")
-
-
-def _row(rung: Variant, summary: dict[str, Any]) -> dict[str, Any]:
-    """Rank 0's memory by kind (in MiB) and the run's speed; the ranks hold the same amounts, within padding."""
-    memory = summary["per_rank"][0]["step_memory_bytes"]
-    row = {"rung": rung.name, "distributed": how(rung), "ranks": summary["world_size"],
-           "device": summary["device"],
-           **{f"{kind}_mib": (memory[kind] or 0) / MIB for kind in KINDS}}
-    row["total_mib"] = sum(row[f"{kind}_mib"] for kind in KINDS)
-    row["peak_allocated_mib"] = memory["peak_allocated"] / MIB if memory["peak_allocated"] else None
-    row["images_per_second"] = summary["images_per_second"]
-    row["measured"] = measured_rate(summary)  # iteration by iteration, for the answer's verdicts
-    row["parameters"] = summary["parameters"]
-    return row
-
-
-def climb(rungs: Sequence[Variant] = LADDER, steps: int | None = None, out: str | Path | None = None,
-          one_gpu: bool = False, **options: Any) -> pd.DataFrame:
-    """Train every rung that runs here; one row per rung: memory per rank by kind, images per second.
-    ``one_gpu``: the rungs of :data:`ONE_GPU_LADDER` on this process's GPU, world size 1 (a node with one GPU,
-    where the ladder's ranks would be CPU processes)."""
-    size = config.get_size(options.get("size"))
-    shape = parallel_shape()
-    out = Path(out or config.runs_dir() / "memory-ladder")
-    rungs = ONE_GPU_LADDER if one_gpu else rungs
-    device = "auto" if one_gpu else shape.device  # one process, no ranks: on the GPU
-    common = {"max_steps": steps or measured_steps(size.name), "device": device, **SCRATCH, **options}
-    rows = []
-    for index, rung in enumerate(tqdm(rungs, desc="rungs", unit="run")):
-        folder = out / f"rung-{index}"
-        if needs_gpus(rung) and not shape.on_gpus:
-            rows.append({"rung": rung.name, "distributed": how(rung),
-                         "skipped": "it needs GPUs; the ranks here are CPU processes"})
-            continue
-        if not mode_of(how(rung)).one_process_per_device:
-            with threads_of_a_rank(cpu_ranks(common)):  # like against like beside the CPU ranks
-                summary = train(**common, **rung.options, out=folder)
-        else:
-            summary = run_ranks(shape.ranks, folder, **common, **rung.options).summary
-        rows.append(_row(rung, summary))
-    return pd.DataFrame(rows)
 
 
 # Bytes per parameter of the state that stays between steps: parameter, gradient, optimizer state.

@@ -25,7 +25,7 @@ from torch import nn
 
 from course_utils import config
 from course_utils.experiments.machine_shape import ParallelShape
-from course_utils.experiments.runs import Variant, refuse_options, run_variants
+from course_utils.experiments.runs import Variant, refuse_options, run_ranks, run_variants
 from course_utils.observe.communication import collective_bytes
 from course_utils.observe.metrics import read_records
 from course_utils.observe.noise import ALIKE, MIN_SAMPLES, SLOWER, UNKNOWN, Measurement, compare
@@ -34,7 +34,6 @@ from course_utils.parallel.launch import LaunchResult, launch
 from course_utils.parallel.layout import MODES, Layout
 from course_utils.run_folder import RunFolder
 from course_utils.tooling.exercises import Check, judge_launch
-from course_utils.training.options import to_flags
 from course_utils.training.vision_transformer import MLP, Block, ViTShape
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # float32 sums in another order (the split adds partial sums)
@@ -248,14 +247,11 @@ def compare_parallelisms(runs: Sequence[Variant], out: Path, **options: Any) -> 
         data_ranks = Layout(mode, None, ranks).data_ranks  # groups that read images of their own
         per_rank = {**options, **own, "batch_size": options["batch_size"] // data_ranks}
         folder = Path(out) / variant.folder_name
-        result = launch(ranks, "course_utils.train", *to_flags(distributed=mode, out=str(folder),
-                                                               trace=str(folder / "trace"), **per_rank),
-                        log_dir=Path(out) / f"{variant.folder_name}-logs", echo=False, timeout_seconds=600)
-        if not result.ok:
-            raise RuntimeError(f"--distributed {mode} on {ranks} ranks failed:\n" + "\n".join(result.lines[-20:]))
+        result = run_ranks(ranks, folder, distributed=mode, trace=str(folder / "trace"), timeout_seconds=600,
+                           **per_rank)
         summary = result.summary
         memory = summary["per_rank"][0]["step_memory_bytes"]
-        return {"mode": variant.name, "ranks": ranks, "batch per rank": per_rank["batch_size"],
+        return {"ranks": ranks, "batch per rank": per_rank["batch_size"],
                 "global batch": summary["global_batch_size"],
                 **{f"{kind} MiB": (memory[kind] or 0) / 2**20 for kind in
                    ("parameters", "gradients", "optimizer_state", "activations")},
@@ -267,7 +263,7 @@ def compare_parallelisms(runs: Sequence[Variant], out: Path, **options: Any) -> 
                 "step s (median)": Measurement.of(step_seconds(folder)).median,
                 "final loss": summary["final_train_loss"]}
 
-    return run_variants(runs, run, desc="modes").drop(columns="variant")
+    return run_variants(runs, run, desc="modes", column="mode")
 
 
 def step_seconds(out: Path) -> list[float]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import difflib
 import html
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from course_utils import config
 from course_utils.config import Size
+from course_utils.saved_notebooks import shipped_code_cells
 
 # Each step: the notebook whose %%writefile cell writes the script, and the script's name.
 SERIES = (
@@ -29,13 +29,11 @@ SERIES = (
 def shipped_script(notebook: str, name: str) -> str:
     """The script the ``%%writefile {folder}/NAME`` cell of ``notebooks/NOTEBOOK`` writes, as the course ships it
     (not as a learner may have edited it)."""
-    path = config.checkout_root() / "notebooks" / notebook
     writes = re.compile(rf"%%writefile \{{\w+\}}/{re.escape(name)}\n")
-    for cell in json.loads(path.read_text())["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "code" and writes.match(source):
+    for source in shipped_code_cells(notebook):
+        if writes.match(source):
             return source.split("\n", 1)[1]
-    raise LookupError(f"no %%writefile cell of {path} writes {name}")
+    raise LookupError(f"no %%writefile cell of notebooks/{notebook} writes {name}")
 
 
 def script_flags(size: Size, device: str, **more: object) -> list[str]:

@@ -12,9 +12,9 @@ lower one, the model is the limit: compute-bound, unless FULL still falls well s
 when a fast enough loader is not overlapped with the step (it runs between steps, or competes with
 the model for the same cores). FULL shows what training actually gets.
 
-    python -m course_utils.lessons.triage [train flags] [--steps 30] [--warmup 5] [--json]
+    python -m course_utils.experiments.triage [train flags] [--steps 30] [--warmup 5] [--json]
 
-:mod:`course_utils.lessons.data_loading` sweeps the DataLoader's knobs and compares the loaders
+:mod:`course_utils.experiments.loaders` sweeps the DataLoader's knobs and compares the loaders
 through the same triage.
 """
 
@@ -124,7 +124,7 @@ def triage(steps: int = 30, warmup: int = 5, **options) -> Triage:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(prog="python -m course_utils.lessons.triage", description=__doc__)
+    parser = build_parser(prog="python -m course_utils.experiments.triage", description=__doc__)
     parser.add_argument("--steps", type=int, default=30, help="timed iterations of each mode (default 30)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed iterations before each mode (default 5)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
