@@ -41,7 +41,7 @@ def main() -> None:
              "interval": args.interval, **row} for row in table.to_dict("records")]
     rows.append({"size": size.name, "model": args.model, "round": "all", "cost": cost.median, "cost_low": cost.low,
                  "cost_high": cost.high, "noise_floor": floor.median, "verdict": comparison.verdict})
-    found = monitor_cost_goals(cost.median, floor.median)
+    found = monitor_cost_goals(table)
     for goal in found:
         print(goal.line())
     path = reference.record("monitor_cost", rows, device_name(device), reference.SYNTHETIC, found)

@@ -136,6 +136,13 @@ def test_training_faster_than_the_model_alone_is_a_disturbed_measurement():
     text = data_loading.loaders_answer(table, {"workers": 2})
     assert "**disturbed measurement**" in text and "122%" in text
     assert "-4791" not in text and "compute-bound" not in text
+    # Timed in blocks: FULL a little above SYNTHETIC within their spreads is noise, not a disturbance, and is read
+    # as usual; wholly above them it is disturbed.
+    within = {"io": [3400.0, 3443.0, 3500.0], "synthetic": [36.0, 37.7, 39.0], "full": [37.0, 38.1, 38.6]}
+    read = data_loading.loaders_answer(table.assign(full=38.1, full_over_synthetic=1.01, rates=[within]), {})
+    assert "disturbed" not in read and "compute-bound" in read
+    above = {**within, "full": [45.0, 46.0, 47.0]}
+    assert "**disturbed measurement**" in data_loading.loaders_answer(table.assign(rates=[above]), {})
 
 
 def test_the_gpu_note_gives_the_rows_data_whole_and_what_a_stand_in_means():

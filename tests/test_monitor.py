@@ -289,9 +289,26 @@ def test_the_monitor_cost_study_sees_a_monitor_that_takes_the_processor():
     assert comparison.verdict == SLOWER and cost.median > floor.median
 
 
-def test_the_monitors_cost_is_judged_only_where_the_noise_floor_can_tell_it():
-    cheap, floor = monitor_cost_goals(0.004, 0.002)
-    assert cheap.met and floor.met and "1%" in cheap.goal
-    unresolved, noisy = monitor_cost_goals(0.004, 0.03)
-    assert unresolved.met is None and noisy.met is False and "not judged" in unresolved.line()
-    assert monitor_cost_goals(0.05, 0.002)[0].met is False
+def _blocks(plain: list[float], monitored: list[float]) -> pd.DataFrame:
+    """Rounds of plain / monitored / plain blocks with these throughputs (the plain ones in pairs)."""
+    rows = []
+    for number, seen in enumerate(monitored):
+        before, after = plain[2 * number], plain[2 * number + 1]
+        rows.append({"round": number, "plain_before": before, "monitored": seen, "plain_after": after,
+                     "cost": (before + after) / 2 / seen - 1, "noise_floor": abs(before / after - 1)})
+    return pd.DataFrame(rows)
+
+
+def test_the_monitors_cost_is_judged_through_the_spreads_against_its_goal():
+    steady = [1000, 1001, 999, 1000, 1002, 998, 1000, 1001, 999, 1000]
+    cheap, resolved = monitor_cost_goals(_blocks(steady, [996, 997, 995, 996, 997]))
+    assert cheap.met and resolved.met and "1%" in cheap.goal and cheap.value == pytest.approx(0.004, abs=0.001)
+    costly, _ = monitor_cost_goals(_blocks(steady, [950, 951, 949, 950, 952]))
+    assert costly.met is False
+    noisy = [1000, 1040, 960, 1030, 970, 1000, 1050, 950, 1000, 1020]
+    unresolved, floor = monitor_cost_goals(_blocks(noisy, [996, 997, 995, 996, 997]))
+    assert unresolved.met is None and floor.met is False and "not judged" in unresolved.line()
+    faster, said = monitor_cost_goals(_blocks(steady, [1100, 1101, 1099, 1100, 1102]))  # watching cannot speed it up
+    assert faster.met is None and "disturbed" in said.source
+
+

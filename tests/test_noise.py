@@ -91,3 +91,14 @@ def test_agreement_reads_both_sides_with_their_spreads():
     assert "**no measurable difference**" in noise.agreement([100, 110, 95], [104, 98, 108])
     assert "**slower**" in noise.agreement([100, 102, 101], [150, 149, 151])
     assert "cannot be judged" in noise.agreement([100], [150])
+
+
+def test_two_rounds_each_give_no_verdict_but_say_when_every_round_lay_apart():
+    graphs, eager = Measurement.of([26_690, 27_862]), Measurement.of([11_352, 13_802])  # the H100's two rounds
+    comparison = compare(graphs, eager)
+    assert comparison.verdict == UNKNOWN and comparison.apart == FASTER
+    assert compare(eager, graphs).apart == SLOWER
+    assert compare(Measurement.of([10, 12]), Measurement.of([11, 13])).apart == ""  # the rounds interleave
+    assert compare(Measurement.of([30]), Measurement.of([10, 12])).apart == ""  # one round is not a range
+    seconds = Measurement.of([0.5, 0.25]).inverse()  # rates from times: the extremes swap
+    assert (seconds.lowest, seconds.highest) == (2.0, 4.0)

@@ -121,7 +121,8 @@ def compare_loaders(loaders: tuple[str, ...] = ("torch", "dali", "gpu-aug", "res
             continue
         rows.append({"loader": loader, "io": result.io, "synthetic": result.synthetic, "full": result.full,
                      "full_over_synthetic": result.full / result.synthetic,
-                     "loading_us_per_image": loading_cost_us(result.full, result.synthetic), "verdict": result.verdict})
+                     "loading_us_per_image": loading_cost_us(result.full, result.synthetic), "verdict": result.verdict,
+                     "rates": result.rates})
     return pd.DataFrame(rows)
 
 

@@ -6,7 +6,8 @@ In the spirit of NVIDIA's benchy, without its limits (it needs CUDA and exits th
 - SYNTHETIC: the model trains on one fixed batch that already sits on the device, no loader;
 - FULL: the real training step, loader and model together.
 
-Each is measured in images per second over a set number of iterations after warm-up. If IO is
+Each is measured in images per second over a set number of iterations after warm-up, timed in
+:data:`ROUNDS` blocks whose spread the comparisons read (:mod:`course_utils.observe.noise`). If IO is
 well below SYNTHETIC, the input pipeline cannot feed the model: input-bound. If SYNTHETIC is the
 lower one, the model is the limit: compute-bound, unless FULL still falls well short of SYNTHETIC,
 when a fast enough loader is not overlapped with the step (it runs between steps, or competes with
@@ -21,9 +22,10 @@ through the same triage.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -34,6 +36,7 @@ from course_utils.training.setup import Setup, prepare
 from course_utils.training.step import device_batches, train_step
 
 BALANCE = 0.10  # IO and SYNTHETIC within 10 % of each other count as balanced
+ROUNDS = 3  # each mode is timed in this many blocks of its iterations: their spread is the measurement's noise
 VERDICTS = ("input-bound", "balanced", "not overlapped", "compute-bound")
 
 
@@ -46,6 +49,7 @@ class Triage:
     full: float
     verdict: str  # one of VERDICTS
     explanation: str
+    rates: dict[str, list[float]] = field(default_factory=dict)  # each mode's images/s, block by block
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -86,31 +90,38 @@ def _endless(setup: Setup) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         yield from device_batches(setup)
 
 
+def _rounds(step: Callable[[], int], steps: int, warmup: int, device: torch.device) -> list[float]:
+    """Images per second of ``step`` in :data:`ROUNDS` blocks that share ``steps`` iterations, after ``warmup``."""
+    per_round = max(1, steps // ROUNDS)
+    return [timed_rate(step, per_round, warmup if number == 0 else 0, device)[0] for number in range(ROUNDS)]
+
+
 def measure(setup: Setup, steps: int = 30, warmup: int = 5) -> Triage:
-    """IO, SYNTHETIC and FULL throughput of ``setup`` and the verdict."""
+    """IO, SYNTHETIC and FULL throughput of ``setup`` (the median of each mode's blocks) and the verdict."""
     setup.model.train()
     batches = _endless(setup)
 
     def io_step() -> int:
         return len(next(batches)[1])
 
-    io, _ = timed_rate(io_step, steps, warmup, setup.device)
+    rates = {"io": _rounds(io_step, steps, warmup, setup.device)}
     fixed_images, fixed_labels = next(batches)
 
     def synthetic_step() -> int:
         train_step(setup, [(fixed_images, fixed_labels)], NO_RANGES)
         return len(fixed_labels)
 
-    synthetic, _ = timed_rate(synthetic_step, steps, warmup, setup.device)
+    rates["synthetic"] = _rounds(synthetic_step, steps, warmup, setup.device)
 
     def full_step() -> int:
         images, labels = next(batches)
         train_step(setup, [(images, labels)], NO_RANGES)
         return len(labels)
 
-    full, _ = timed_rate(full_step, steps, warmup, setup.device)
+    rates["full"] = _rounds(full_step, steps, warmup, setup.device)
+    io, synthetic, full = (statistics.median(rates[mode]) for mode in ("io", "synthetic", "full"))
     verdict, explanation = judge(io, synthetic, full)
-    return Triage(io, synthetic, full, verdict, explanation)
+    return Triage(io, synthetic, full, verdict, explanation, rates)
 
 
 def triage(steps: int = 30, warmup: int = 5, **options) -> Triage:

@@ -89,21 +89,15 @@ LAUNCH_BOUND_MFU = 0.2  # an fp32 step this far below the device's peak leaves t
 
 
 def _recorded_rate(row: pd.Series) -> Measurement:
-    """A recorded stage's images/s over its rounds: their rates where the file keeps them, else the three rounds
-    that a median, a lowest and a highest are (older files), else one figure with an unknown spread."""
+    """A recorded stage's images/s over its rounds: their rates where the file keeps them, else what its median,
+    lowest and highest were (older files: three rounds are those three, two are their lowest and highest), else
+    one figure with an unknown spread."""
     if isinstance(row.get("rates"), list):
         return Measurement.of(row["rates"])
-    if row.get("rounds") == 3 and pd.notna(row.get("images_per_second_min")):
-        return Measurement.of([row["images_per_second_min"], row["images_per_second"], row["images_per_second_max"]])
+    extremes = [row.get("images_per_second_min"), row.get("images_per_second_max")]
+    if row.get("rounds") in (2, 3) and all(pd.notna(value) for value in extremes):
+        return Measurement.of(extremes + ([row["images_per_second"]] if row["rounds"] == 3 else []))
     return Measurement.of([row["images_per_second"]])
-
-
-def _rounds_apart(row: pd.Series, base: pd.Series) -> bool:
-    """Whether every round of ``row`` was faster than every round of ``base`` (too few rounds for a spread, but
-    a fact about the rounds there were)."""
-    lowest = min(row["rates"]) if isinstance(row.get("rates"), list) else row.get("images_per_second_min")
-    highest = max(base["rates"]) if isinstance(base.get("rates"), list) else base.get("images_per_second_max")
-    return pd.notna(lowest) and pd.notna(highest) and lowest > highest
 
 
 def recorded_reading(rows: pd.DataFrame) -> str:
@@ -119,10 +113,10 @@ def recorded_reading(rows: pd.DataFrame) -> str:
         device, date = base["device"], base["date"]
         faster, apart, others = [], [], []
         for _, row in ran[~ran["stage"].isin([base["stage"], STRICT])].iterrows():
-            verdict = compare(_recorded_rate(row), _recorded_rate(base)).verdict
-            if verdict == FASTER:
+            comparison = compare(_recorded_rate(row), _recorded_rate(base))
+            if comparison.verdict == FASTER:
                 faster.append(row["stage"])
-            elif verdict == UNKNOWN and _rounds_apart(row, base):
+            elif comparison.verdict == UNKNOWN and comparison.apart == FASTER:
                 apart.append(row["stage"])
             else:
                 others.append(row["stage"])

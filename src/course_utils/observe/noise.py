@@ -37,6 +37,8 @@ class Measurement:
     low: float  # NaN where the spread is unknown
     high: float
     count: int
+    lowest: float = math.nan  # the extreme samples, known from two on: too few for a spread, a fact all the same
+    highest: float = math.nan
 
     @classmethod
     def of(cls, samples: Iterable[float | None]) -> Measurement:
@@ -44,17 +46,17 @@ class Measurement:
         values = np.asarray([value for value in samples if value is not None and math.isfinite(value)], dtype=float)
         if len(values) == 0:
             return cls(math.nan, math.nan, math.nan, 0)
-        median = float(np.median(values))
+        median, extremes = float(np.median(values)), (float(values.min()), float(values.max()))
         if len(values) < MIN_SAMPLES:
-            return cls(median, math.nan, math.nan, len(values))
+            return cls(median, math.nan, math.nan, len(values), *extremes)
         low, high = np.percentile(values, [10, 90])
-        return cls(median, float(low), float(high), len(values))
+        return cls(median, float(low), float(high), len(values), *extremes)
 
     @classmethod
     def once(cls, value: float) -> Measurement:
         """A one-off event (the first epoch, the first iteration): it happens once, so it has no spread to
         repeat, and is read against the other side's interval alone."""
-        return cls(value, value, value, 1)
+        return cls(value, value, value, 1, value, value)
 
     @property
     def known(self) -> bool:
@@ -70,11 +72,13 @@ class Measurement:
 
     def inverse(self) -> Measurement:
         """The same measurement as its reciprocal: iteration times as rates (a long step is a low rate)."""
-        return Measurement(_reciprocal(self.median), _reciprocal(self.high), _reciprocal(self.low), self.count)
+        return Measurement(_reciprocal(self.median), _reciprocal(self.high), _reciprocal(self.low), self.count,
+                           _reciprocal(self.highest), _reciprocal(self.lowest))
 
     def scaled(self, factor: float) -> Measurement:
         """The same measurement in other units (seconds per step to images per second, say)."""
-        return Measurement(self.median * factor, self.low * factor, self.high * factor, self.count)
+        return Measurement(self.median * factor, self.low * factor, self.high * factor, self.count,
+                           self.lowest * factor, self.highest * factor)
 
 
 def _reciprocal(value: float) -> float:
@@ -104,6 +108,9 @@ class Comparison:
     bound: tuple[float, float] | None = None  # the ratios the work allows, where the caller knows them
     why: str = ""  # what sets that bound
     words: tuple[str, str] = (FASTER, SLOWER)  # for quantities other than rates: ("larger", "smaller"), say
+    # FASTER where every sample of the first lay above every sample of the second, SLOWER where below, else "":
+    # what two rounds each can say where their spread is unknown (a fact about those rounds, not a verdict)
+    apart: str = ""
 
     def sentence(self) -> str:
         """The verdict in words, with the figures it rests on."""
@@ -143,7 +150,10 @@ def compare(first: Measurement, second: Measurement, bound: tuple[float, float] 
         verdict = SLOWER
     else:
         verdict = ALIKE
-    return Comparison(ratio, low, high, verdict, bound, why, words)
+    samples = first.count > 1 and second.count > 1
+    apart = (FASTER if samples and first.lowest > second.highest else
+             SLOWER if samples and first.highest < second.lowest else "")
+    return Comparison(ratio, low, high, verdict, bound, why, words, apart)
 
 
 def bound_text(bound: tuple[float, float] | None) -> str:

@@ -7,7 +7,7 @@ its sweeps, and any run with ``--monitor``).
     monitor.frame()   # one row per device and sample
 
 Sampling costs one library call (NVML, AMD SMI) or one tool start (nvidia-smi, rocm-smi) per
-interval in a thread that sleeps in between; ``benchmarks/monitor_overhead.py`` measures what
+interval in a thread that sleeps in between; ``benchmarks/monitor_cost.py`` measures what
 that costs a training run.
 """
 
