@@ -34,7 +34,7 @@ def test_a_mistyped_mode_is_named_with_the_choices(tmp_path):
         train(size="ci", model="resnet18", distributed="DDP", out=tmp_path)
 
 
-def test_a_new_mode_is_a_row_of_the_table_and_every_list_of_modes_knows_it(monkeypatch):
+def test_a_new_mode_is_a_row_of_the_table_and_every_list_of_modes_knows_it(monkeypatch, tmp_path, tiny_root):
     """A contributor adds a mode as a row of MODES (and, if it distributes the model a new way, its lines in
     training.setup._distribute): the wrappers, the modes notebooks 06 and 07 compare, the parallelisms notebook 11
     compares and the memory forecast all read the row's facts, so none misses it (the command's choices are the
@@ -68,6 +68,15 @@ def test_a_new_mode_is_a_row_of_the_table_and_every_list_of_modes_knows_it(monke
     plan = model_parallel.parallelism_plan(parallel_shape(0), config.get_size("ci"))
     ranks = {run.name: run.options["ranks"] for run in plan.runs}
     assert ranks["ddp-new"] == 2 and ranks["fsdp-new"] == 2 and "dp-new" not in ranks
+
+    from course_utils.experiments.modes import compare_modes
+    from course_utils.experiments.runs import Variant
+
+    # The comparison of 06 and 07 trains the new one-process mode as itself (a process-per-device mode would start
+    # torchrun, whose ranks import the table without the test's rows: that path is the launch tests').
+    trained = compare_modes([Variant("the new one", distributed="dp-new")], steps=2, out=tmp_path, size="ci",
+                            data_dir=str(tiny_root), batch_size=8, device="cpu")
+    assert list(trained["distributed"]) == ["dp-new"] and trained["images_per_second"].iloc[0] > 0
 
     run = dict(model="small_cnn", batch_size=8, image_size=32)
     assert (memory_forecast.predict_step(ranks=2, distributed="ddp-new", **run)

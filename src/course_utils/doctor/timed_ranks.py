@@ -29,6 +29,8 @@ from course_utils.parallel import process_group
 
 IMAGES = 16  # per rank and step: little compute, whose jitter on a busy machine would hide a slowed loader
 RECORD = "rank-{rank}.json"
+# Each step's parts, as each rank records them: waiting for data, computing, the all-reduce.
+PARTS = ("data_seconds", "compute_seconds", "collective_seconds")
 
 
 def _model() -> nn.Module:
@@ -80,8 +82,7 @@ def train(steps: int, delay: float, device: torch.device, slow_from: int = 0) ->
             p.grad.copy_(gradients[offset:offset + p.numel()].view_as(p) / world)
             offset += p.numel()
         optimizer.step()
-        records.append({"step": step, "data_seconds": loaded - start, "compute_seconds": computed - loaded,
-                        "collective_seconds": reduced - computed})
+        records.append({"step": step, **dict(zip(PARTS, (loaded - start, computed - loaded, reduced - computed)))})
         print(f"rank {rank} step {step}", flush=True)  # in its log: how far it got, read from outside
     return records
 

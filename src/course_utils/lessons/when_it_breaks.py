@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from course_utils.doctor import hangs
 from course_utils.doctor.stragglers import WARMUP_STEPS
-from course_utils.doctor.timed_ranks import RECORD
+from course_utils.doctor.timed_ranks import PARTS, RECORD
 from course_utils.parallel.launch import LaunchResult, last_lines, launch
 from course_utils.tooling.exercises import Check, judge_launch
 
@@ -37,9 +37,6 @@ SAID_CHARACTERS = 400
 DOCTOR_SECONDS = 120.0
 STANDING = "standing:"  # what a rank of the lesson's scripts prints just before its fault
 SETTLE_SECONDS = 1.0
-PARTS = ("data_seconds", "compute_seconds", "collective_seconds")  # of a timed rank's step
-
-
 @dataclass
 class Hang:
     """One launch of a hanging script: how long it took, how it ended, what each rank said, and what a look at
