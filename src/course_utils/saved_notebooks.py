@@ -50,7 +50,7 @@ def pre_save_hook(model: dict[str, Any], path: str, contents_manager: Any = None
 
 
 def shipped_code_cells(notebook: str) -> list[str]:
-    """The source of every code cell of ``notebooks/NOTEBOOK`` as the course ships it (not as a learner may have
-    edited and saved it since: the repository's file, read from the checkout)."""
+    """The source of every code cell of ``notebooks/NOTEBOOK``, read from the checkout's file: as the course
+    ships it, or as the learner last saved it there (a saved notebook keeps its code, only its outputs go)."""
     path = config.checkout_root() / "notebooks" / notebook
     return ["".join(cell["source"]) for cell in json.loads(path.read_text())["cells"] if cell["cell_type"] == "code"]

@@ -1,6 +1,6 @@
 """Each experiment's design is written once, in the notebook cell where the learner edits it (notebook 05's
 stages, notebook 09's rungs); the package's defaults and the benchmark that records the same experiment on a GPU
-node read it from there, as the course ships it.
+node read it from the checkout's notebook: as the course ships it, or with the rows a learner added and saved.
 """
 
 from __future__ import annotations

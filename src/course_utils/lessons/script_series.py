@@ -27,8 +27,8 @@ SERIES = (
 
 
 def shipped_script(notebook: str, name: str) -> str:
-    """The script the ``%%writefile {folder}/NAME`` cell of ``notebooks/NOTEBOOK`` writes, as the course ships it
-    (not as a learner may have edited it)."""
+    """The script the ``%%writefile {folder}/NAME`` cell of ``notebooks/NOTEBOOK`` writes, read from the checkout's
+    notebook (:func:`course_utils.saved_notebooks.shipped_code_cells`)."""
     writes = re.compile(rf"%%writefile \{{\w+\}}/{re.escape(name)}\n")
     for source in shipped_code_cells(notebook):
         if writes.match(source):
