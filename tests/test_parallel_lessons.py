@@ -9,6 +9,7 @@ import pytest
 
 from course_utils.experiments import reference
 from course_utils.lessons import ddp, memory_ladder
+from course_utils.lessons.script_record import read_record
 from course_utils.observe.noise import Measurement
 from course_utils.parallel.launch import launch
 
@@ -60,7 +61,7 @@ def test_the_script_and_the_command_agree_within_the_spread_or_say_what_differs(
 
 
 def _record(orders, samples=256):
-    return {"world_size": 2, "samples": samples, "device": "cpu",
+    return {"world_size": 2, "samples": samples, "sampler": "DistributedSampler", "device": "cpu",
             "epochs": [{"epoch": e, "first_samples": o, "step_seconds": [0.1, 0.1]} for e, o in enumerate(orders)]}
 
 
@@ -76,6 +77,8 @@ def test_the_set_epoch_judgement_compares_every_epoch_with_the_samplers_own_orde
     outside = [order for order in ([1, 3, 5, 7, 9, 11], [0, 2, 4, 6, 8, 10]) if not set(order) <= set(
         ddp.sampler_order(256, 2, 0, 128))][0]  # not all in rank 0's share at epoch 0: drawn from the whole set
     assert "draws from another sampler" in ddp.judge_set_epoch_removed(_record([outside, epoch0, epoch0])).text
+    random = {**_record([None] * 3), "sampler": "RandomSampler"}  # the loader shuffled the whole set itself
+    assert "draws from another sampler (a RandomSampler" in ddp.judge_set_epoch_removed(random).text
     apart = {**_record([epoch0] * 3), "weights_sums": [1.5, 1.25]}
     assert "each trained a model of its own" in ddp.judge_set_epoch_removed(apart).text
     assert ddp.judge_set_epoch_removed({**_record([epoch0] * 3), "weights_sums": [1.5, 1.5]}).done
@@ -83,13 +86,13 @@ def test_the_set_epoch_judgement_compares_every_epoch_with_the_samplers_own_orde
 
 def test_a_missing_record_names_the_cell_that_writes_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="run the cell that launches the script"):
-        ddp.read_record(tmp_path / "record.json")
+        read_record(tmp_path / "record.json")
 
 
 def _fsdp_record(groups, parameters=1.0):
     return {"world_size": 2, "model_mib": 4.0, "blocks_mib": [1.0, 1.0, 1.0], "groups_mib": groups,  # 1.0 left
-            "ranks": [{"parameters_mib": parameters, "gradients_mib": parameters, "optimizer_state_mib": 2 * parameters,
-                       "largest_group_mib": max(groups)} for _ in range(2)]}
+            "ranks": [{"parameters_mib": parameters, "gradients_mib": parameters, "optimizer_state_mib": 2 * parameters}
+                      for _ in range(2)]}
 
 
 def test_the_fsdp_judgement_compares_the_groups_with_the_asked_layout():

@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.data import coco, generated_coco
 from course_utils.doctor import transport
 from course_utils.experiments import scaling_studies
 from course_utils.experiments.machine_shape import parallel_shape
-from course_utils.experiments.runs import SCRATCH, measured_rate, measured_steps, traced_ranks
+from course_utils.experiments.runs import SCRATCH, Variant, measured_rate, measured_steps, run_variants, traced_ranks
 from course_utils.train import train
 from course_utils.training.detection_models import DETECTION_RECIPES
 from course_utils.training.resume import NonFiniteLossError
@@ -97,17 +96,18 @@ def amp_effect(precisions: tuple[str, ...] = ("off", "bf16"), out: str | Path | 
     """The same short run in fp32 and with autocast: seconds per iteration and box AP of each, one process. A run
     whose loss stops being finite is a row that says so, not a failed cell."""
     out = Path(out or config.runs_dir() / "detection-amp")
-    rows = []
-    for amp in tqdm(precisions, desc="precisions", unit="run"):
+
+    def run(precision: Variant) -> dict[str, Any]:
         try:
-            summary = train(**_options({"device": "auto", **options}), amp=amp, out=out / amp)
+            summary = train(**_options({"device": "auto", **options}), **precision.options,
+                            out=out / precision.folder_name)
         except NonFiniteLossError as error:
-            rows.append({"amp": amp, "status": f"diverged: {error}".split(";")[0]})
-            continue
-        rows.append({"amp": amp, "status": "ok", "seconds_per_iteration": summary["seconds_per_iteration"],
-                     "images_per_second": summary["images_per_second"], "box_ap": summary["box_ap"],
-                     "device": summary["device"], "measured": measured_rate(summary)})
-    table = pd.DataFrame(rows)
+            return {"status": f"diverged: {error}".split(";")[0]}
+        return {"status": "ok", "seconds_per_iteration": summary["seconds_per_iteration"],
+                "images_per_second": summary["images_per_second"], "box_ap": summary["box_ap"],
+                "device": summary["device"], "measured": measured_rate(summary)}
+
+    table = run_variants([Variant(amp, amp=amp) for amp in precisions], run, desc="precisions", column="amp")
     if "seconds_per_iteration" in table:
         table["speedup"] = table["seconds_per_iteration"].iloc[0] / table["seconds_per_iteration"]
     return table

@@ -11,7 +11,6 @@ from dataclasses import asdict
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from course_utils import config, devices
 from course_utils.experiments.runs import Variant, run_variants
@@ -79,18 +78,27 @@ def loader_sweep(workers: tuple[int, ...], steps_per_epoch: int = 8, epochs: int
     """For every setting of :func:`loader_settings`: the loader alone (``io``) and training with it
     (``full``), in images per second over whole short epochs (:func:`epochs_rate`)."""
     options.setdefault("progress", False)
-    rows = []
-    gpu = devices.default_device().type == "cuda"
-    for setting in tqdm(loader_settings(workers, gpu), desc="loader settings", unit="setting"):
-        cfg = TrainOptions(**{**options, **setting}).resolved()
+
+    def run(setting: Variant) -> dict:
+        cfg = TrainOptions(**{**options, **setting.options}).resolved()
         setup = prepare(TrainOptions(**{**asdict(cfg), "train_samples": cfg.batch_size * steps_per_epoch}))
         try:
             io = epochs_rate(setup, epochs)
             _warm(setup)
-            rows.append({**setting, "io": io, "full": epochs_rate(setup, epochs, train=True)})
+            return {**setting.options, "io": io, "full": epochs_rate(setup, epochs, train=True)}
         finally:
             setup.loaders.close()
-    return pd.DataFrame(rows)
+
+    settings = [Variant(setting_name(setting), **setting)
+                for setting in loader_settings(workers, devices.default_device().type == "cuda")]
+    return run_variants(settings, run, desc="loader settings", column="setting")
+
+
+def setting_name(setting: dict) -> str:
+    """A DataLoader setting in words: ``2 workers, pinned, persistent, prefetch 4``."""
+    return ", ".join([f"{setting['workers']} workers", *(["pinned"] if setting["pin_memory"] else []),
+                      *(["persistent"] if setting["persistent_workers"] else []),
+                      *([f"prefetch {setting['prefetch_factor']}"] if setting["prefetch_factor"] else [])])
 
 
 def recommend(table: pd.DataFrame, within: float = 0.95) -> dict:
@@ -112,18 +120,18 @@ def recommend(table: pd.DataFrame, within: float = 0.95) -> dict:
 def compare_loaders(loaders: tuple[str, ...] = ("torch", "dali", "gpu-aug", "resident"), steps: int = 30,
                     warmup: int = 5, **options) -> pd.DataFrame:
     """IO, SYNTHETIC and FULL for each loader; a loader that cannot run here says why."""
-    rows = []
-    for loader in loaders:
+
+    def run(loader: Variant) -> dict:
         try:
-            result = triage(steps, warmup, loader=loader, **options)
+            result = triage(steps, warmup, **loader.options, **options)
         except RuntimeError as error:  # DaliUnavailable and device errors name their reason
-            rows.append({"loader": loader, "verdict": f"not available: {error}"})
-            continue
-        rows.append({"loader": loader, "io": result.io, "synthetic": result.synthetic, "full": result.full,
-                     "full_over_synthetic": result.full / result.synthetic,
-                     "loading_us_per_image": loading_cost_us(result.full, result.synthetic), "verdict": result.verdict,
-                     "rates": result.rates})
-    return pd.DataFrame(rows)
+            return {"verdict": f"not available: {error}"}
+        return {"io": result.io, "synthetic": result.synthetic, "full": result.full,
+                "full_over_synthetic": result.full / result.synthetic,
+                "loading_us_per_image": loading_cost_us(result.full, result.synthetic), "verdict": result.verdict,
+                "rates": result.rates}
+
+    return run_variants([Variant(loader, loader=loader) for loader in loaders], run, desc="loaders", column="loader")
 
 
 STEADY_STEPS = {"ci": 10, "workshop": 150}  # timed iterations of each block of the steady-state study

@@ -22,7 +22,7 @@ from course_utils import config, devices
 from course_utils.experiments.designs import notebook_design
 from course_utils.experiments.fixed_batch import measure_setting
 from course_utils.experiments.reference import Goal
-from course_utils.experiments.runs import Variant
+from course_utils.experiments.runs import Variant, run_variants
 from course_utils.observe.metrics import load_run
 from course_utils.train import train
 
@@ -119,7 +119,7 @@ def _stages_to_run(stages: Sequence[Variant], device: torch.device, model: str, 
 
 
 def _row_base(stage: Variant, options: dict, base: str | None) -> dict:
-    return {"stage": stage.name, "status": "ok", "builds_on": base,
+    return {"status": "ok", "builds_on": base,
             "options": ", ".join(f"{k}={v}" for k, v in options.items()) or ("strict fp32" if strict(stage)
                                                                              else "defaults")}
 
@@ -140,19 +140,22 @@ def run_progression(out_dir: Path, stages: Sequence[Variant], **train_options) -
     train_options = {"loader": PROGRESSION_LOADER, "overwrite": True, "monitor": "auto", **train_options}
     device = devices.default_device()
     device_label = devices.device_name(device)
-    rows = []
     model = train_options.get("model") or _default_model(train_options)
-    for number, (stage, options, base, reason) in enumerate(_stages_to_run(stages, device, model)):
+    plan = list(_stages_to_run(stages, device, model))
+    folders = {stage.name: Path(out_dir) / f"{number}" for number, (stage, *_) in enumerate(plan)}
+    planned = {stage.name: (options, base, reason) for stage, options, base, reason in plan}
+
+    def run(stage: Variant) -> dict:
+        options, base, reason = planned[stage.name]
         if reason:
-            rows.append({"stage": stage.name, "status": f"not available on {device_label}: {reason}"})
-            continue
-        run_dir = Path(out_dir) / f"{number}"
+            return {"status": f"not available on {device_label}: {reason}"}
+        run_dir = folders[stage.name]
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with devices.strict_fp32() if strict(stage) else contextlib.nullcontext():
             summary = train(out=str(run_dir), **train_options, **options)
         measured = load_run(run_dir).steady_rate()
-        rows.append({
+        return {
             **_row_base(stage, options, base), "images_per_second": summary["images_per_second"],
             "spread": measured.spread, "measured": measured,  # its steady iterations, read by the answer
             "mfu": summary["mfu"],  # of the peak for this stage's precision: a 16-bit stage is held to more
@@ -160,9 +163,9 @@ def run_progression(out_dir: Path, stages: Sequence[Variant], **train_options) -
             "joules_per_image": summary["joules_per_image"],  # None where the device reports no power
             "first_iteration_s": summary["first_iteration_seconds"][0],
             "final_train_loss": summary["final_train_loss"], "test_top1": summary["test_top1"], "run": str(run_dir),
-        })
-    _speedups(rows)
-    return pd.DataFrame(rows)
+        }
+
+    return run_variants([stage for stage, *_ in plan], run, desc="stages", on_row=_speedups, column="stage")
 
 
 def step_progression(model: str, batch_size: int, image_size: int, steps: int, rounds: int,
@@ -178,25 +181,30 @@ def step_progression(model: str, batch_size: int, image_size: int, steps: int, r
     stages = notebook_stages() if stages is None else stages
     device = devices.default_device()
     name = devices.device_name(device)
-    rows: list[dict] = []
-    for stage, options, base, reason in _stages_to_run(stages, device, model, only):
+    plan = list(_stages_to_run(stages, device, model, only))
+    planned = {stage.name: (options, base, reason) for stage, options, base, reason in plan}
+
+    def run(stage: Variant) -> dict:
+        options, base, reason = planned[stage.name]
         if reason:
-            rows.append({"stage": stage.name, "status": f"not available on {name}: {reason}"})
-        else:
-            compiled = bool(options.get("compile"))  # CUDA graphs record after a few steps of their own
-            with devices.strict_fp32() if strict(stage) else contextlib.nullcontext():
-                measured = measure_setting(model, batch_size, steps, warmup + 3 * compiled, image_size,
-                                           rounds=rounds, **options)
-            row = {**_row_base(stage, options, base), **{k: v for k, v in measured.items() if k != "status"}}
-            row["status"] = measured["status"]
-            if measured["status"] == "ok":
-                power = row.get("power_watts")
-                row["joules_per_image"] = power / row["images_per_second"] if power and power == power else None
-            rows.append(row)
+            return {"status": f"not available on {name}: {reason}"}
+        compiled = bool(options.get("compile"))  # CUDA graphs record after a few steps of their own
+        with devices.strict_fp32() if strict(stage) else contextlib.nullcontext():
+            measured = measure_setting(model, batch_size, steps, warmup + 3 * compiled, image_size, rounds=rounds,
+                                       **options)
+        row = {**_row_base(stage, options, base), **{k: v for k, v in measured.items() if k != "status"}}
+        row["status"] = measured["status"]
+        if measured["status"] == "ok":
+            power = row.get("power_watts")
+            row["joules_per_image"] = power / row["images_per_second"] if power and power == power else None
+        return row
+
+    def recorded(rows: list[dict]) -> None:
         _speedups(rows)
         if on_row is not None:
             on_row(rows)
-    return pd.DataFrame(rows)
+
+    return run_variants([stage for stage, *_ in plan], run, desc="stages", on_row=recorded, column="stage")
 
 
 # Goals per image size, from published figures (the course's benchmark records them with its rows).

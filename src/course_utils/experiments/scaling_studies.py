@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from course_utils import config
 from course_utils.atomic_files import write_text_atomic
-from course_utils.experiments.runs import SCRATCH, measured_rate, run_ranks
+from course_utils.experiments.runs import SCRATCH, Variant, measured_rate, run_ranks, run_variants
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
 from course_utils.training.options import changed_options
@@ -97,14 +96,17 @@ def study(ranks: Sequence[int], mode: str = "weak", out: str | Path | None = Non
     """
     batch = train_options.pop("batch_size", None) or config.get_size(train_options.get("size")).batch_size
     out = Path(out or config.runs_dir() / f"scaling-{mode}")
-    summaries = []
-    for count in tqdm(ranks, desc=f"{mode} scaling", unit="run"):
+
+    def run(variant: Variant) -> dict[str, Any]:
+        count = variant.options["ranks"]
         if reuse and count in reuse:
-            summaries.append(RunFolder(reuse[count]).read_summary())
-            continue
-        summaries.append(run_ranks(count, out / f"ranks-{count}", echo=echo, **train_options,
-                                 batch_size=per_rank_batch(mode, batch, count)).summary)
-    return table(summaries)
+            return {"summary": RunFolder(reuse[count]).read_summary()}
+        return {"summary": run_ranks(count, out / variant.folder_name, echo=echo, **train_options,
+                                     batch_size=per_rank_batch(mode, batch, count)).summary}
+
+    ran = run_variants([Variant(f"ranks {count}", ranks=count) for count in ranks], run, desc=f"{mode} scaling",
+                       column="run")  # each in its folder ranks-N
+    return table(list(ran["summary"]))
 
 
 def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -> pd.DataFrame:
@@ -122,22 +124,23 @@ def lr_scaling(factor: int = 4, out: str | Path | None = None, **options: Any) -
     options.setdefault("train_samples", study["train_samples"])
     warmup = min(1.0, epochs / 2)  # one epoch, or half of a shorter run
     out = Path(out or config.runs_dir() / "lr-scaling")
-    cases = [("base batch", batch, lr, 0.0),
-             (f"{factor}x batch, same lr", batch * factor, lr, 0.0),
-             (f"{factor}x batch, {factor}x lr", batch * factor, lr * factor, 0.0),
-             (f"{factor}x batch, {factor}x lr, {warmup:g} epoch warm-up", batch * factor, lr * factor, warmup)]
-    rows = []
-    for index, (name, case_batch, case_lr, warmup) in enumerate(tqdm(cases, desc="cases", unit="run")):
-        row = {"case": name, "batch": case_batch, "lr": case_lr, "warmup_epochs": warmup, "run": out / f"case-{index}"}
+    cases = [Variant("base batch", batch_size=batch, lr=lr, warmup_epochs=0.0),
+             Variant(f"{factor}x batch, same lr", batch_size=batch * factor, lr=lr, warmup_epochs=0.0),
+             Variant(f"{factor}x batch, {factor}x lr", batch_size=batch * factor, lr=lr * factor, warmup_epochs=0.0),
+             Variant(f"{factor}x batch, {factor}x lr, {warmup:g} epoch warm-up", batch_size=batch * factor,
+                     lr=lr * factor, warmup_epochs=warmup)]
+
+    def run(case: Variant) -> dict[str, Any]:
+        row = {"batch": case.options["batch_size"], "lr": case.options["lr"],
+               "warmup_epochs": case.options["warmup_epochs"], "run": out / case.folder_name}
         try:
-            summary = train(**{**SCRATCH, **options}, batch_size=case_batch, lr=case_lr,
-                            warmup_epochs=warmup, out=row["run"])
+            summary = train(**{**SCRATCH, **options, **case.options}, out=row["run"])
         except NonFiniteLossError as error:  # a diverged run is a result of this experiment, not a failure
-            rows.append({**row, "status": f"diverged: {error}".split(";")[0]})
-            continue
-        rows.append({**row, "status": "ok", "steps": summary["steps"], "final_train_loss": summary["final_train_loss"],
-                     "test_top1": summary["test_top1"], "test_top5": summary["test_top5"]})
-    return pd.DataFrame(rows)
+            return {**row, "status": f"diverged: {error}".split(";")[0]}
+        return {**row, "status": "ok", "steps": summary["steps"], "final_train_loss": summary["final_train_loss"],
+                "test_top1": summary["test_top1"], "test_top5": summary["test_top5"]}
+
+    return run_variants(cases, run, desc="cases", column="case")
 
 
 def main(argv: list[str] | None = None) -> int:

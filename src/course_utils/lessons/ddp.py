@@ -11,7 +11,6 @@ The rest trains for real: DDP against one large batch, DDP's knobs, its communic
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import subprocess
@@ -40,6 +39,7 @@ from course_utils.experiments.runs import (
     run_variants,
     traced_ranks,
 )
+from course_utils.lessons.script_record import read_record
 from course_utils.observe.metrics import load_run
 from course_utils.observe.noise import DISTURBED, FASTER, SLOWER, Comparison, Measurement, communication_bound, compare
 from course_utils.parallel.launch import launch
@@ -50,15 +50,6 @@ from course_utils.training import checkpoint, models
 from course_utils.training.options import to_flags
 
 WARMUP_STEPS = 2  # the first iterations of a run build caches and buffers: left out of every comparison
-
-
-def read_record(path: str | Path) -> dict[str, Any]:
-    """What rank 0 of the learner's script wrote: world size, device, per epoch its first samples and
-    iteration times, and every rank's weights summed. A missing file says which cell writes it."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is not there: run the cell that launches the script (with --out {path})")
-    return json.loads(path.read_text())
 
 
 def sampler_order(samples: int, world: int, epoch: int, count: int, shuffle: bool = True) -> list[int]:
@@ -77,6 +68,11 @@ def judge_set_epoch_removed(record: dict[str, Any]) -> Check:
     if len(seen) < 2:
         return Check(False, f"the run had {len(seen)} epoch(s), too few to compare: keep the script's loop over "
                             "`range(args.epochs)`; the check launches it with --epochs 3.")
+    if None in seen:
+        return Check(False, f"the loader draws from another sampler (a {record['sampler']}, not the "
+                            "DistributedSampler: `shuffle=True` in the DataLoader instead of `sampler=sampler`?), and "
+                            "every rank sees the whole data set. Give the DataLoader `sampler=sampler` and take out "
+                            "only `set_epoch`.")
     samples, world, count = record["samples"], record["world_size"], len(seen[0])
     sums = record.get("weights_sums", [])
     if len(set(sums)) > 1:

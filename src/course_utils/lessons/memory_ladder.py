@@ -4,7 +4,6 @@ beside it, what the learner's FSDP2 script held on each rank, and the answer and
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from course_utils.experiments.ladder import MIB
+from course_utils.lessons.script_record import read_record
 from course_utils.observe.noise import compare
 from course_utils.parallel.launch import launch
 from course_utils.parallel.layout import mode_of
@@ -62,16 +62,10 @@ def rule_against_measurement(ladder: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _script_record(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is not there: run the cell that launches the script (with --out {path})")
-    return json.loads(path.read_text())
-
-
 def _ranks_table(record: dict[str, Any]) -> pd.DataFrame:
     table = pd.DataFrame(record["ranks"])
     table.insert(0, "rank", range(len(table)))
+    table["largest_group_mib"] = max(record["groups_mib"], default=0.0)  # gathered whole while it runs
     table["model_mib"] = record["model_mib"]
     return table
 
@@ -79,7 +73,7 @@ def _ranks_table(record: dict[str, Any]) -> pd.DataFrame:
 def read_script_record(path: str | Path) -> pd.DataFrame:
     """What every rank of the notebook's FSDP2 script held after its steps, one row per rank, with the
     whole model's size beside it. A missing file says which cell writes it."""
-    return _ranks_table(_script_record(path))
+    return _ranks_table(read_record(path))
 
 
 def script_answer(held: pd.DataFrame) -> str:
@@ -154,7 +148,7 @@ def check_fewer_groups(script: str | Path, ranks: int, flags: Sequence[str], tim
     record = script.with_name(f"{script.stem}-check.json")
     return judge_launch(record, lambda: launch(ranks, str(script), *flags, "--out", str(record),
                                                timeout_seconds=timeout_seconds),
-                        lambda path: judge_fewer_groups(_script_record(path)))
+                        lambda path: judge_fewer_groups(read_record(path)))
 
 
 def memory_ladder_answer(ladder: pd.DataFrame, where: str) -> str:

@@ -11,7 +11,6 @@ Where the ranks run is :func:`course_utils.experiments.machine_shape.parallel_sh
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from torch import nn
 from course_utils import config
 from course_utils.experiments.machine_shape import ParallelShape
 from course_utils.experiments.runs import Variant, refuse_options, run_ranks, run_variants
+from course_utils.lessons.script_record import read_record, steps_losses
 from course_utils.observe.communication import collective_bytes
 from course_utils.observe.metrics import read_records
 from course_utils.observe.noise import ALIKE, MIN_SAMPLES, SLOWER, UNKNOWN, Measurement, compare
@@ -134,10 +134,10 @@ def split_training(script: Path, ranks: int, flags: Sequence[str], timeout_secon
         run_script(count, script, *flags, "--out", str(record), timeout_seconds=timeout_seconds, outputs=[record])
         if not record.is_file():
             raise FileNotFoundError(f"{Path(script).name} ran on {count} rank(s) but wrote no {record.name}: "
-                                    "keep its last lines, which write the record")
-        saved = json.loads(record.read_text())
-        rows.append({"ranks": count, "losses": saved["losses"], "model_mib": saved["model_mib"],
-                     "blocks_mib": saved["blocks_mib"], **saved["ranks"][0]})
+                                    "keep its last line before leaving the group, `record.write(model, optimizer)`")
+        saved = read_record(record)
+        rows.append({"ranks": count, "losses": steps_losses(saved), "model_mib": saved["model_mib"],
+                     "blocks_mib": sum(saved["blocks_mib"]), **saved["ranks"][0]})
     return pd.DataFrame(rows)
 
 
@@ -147,7 +147,8 @@ def split_training_answer(table: pd.DataFrame) -> str:
     steps = min(len(one.losses), len(split.losses))
     if not steps:
         return (f"- A run recorded no step's loss ({len(one.losses)} on one rank, {len(split.losses)} on "
-                f"{split.ranks}): nothing to compare. Does the script still append each step's loss to `losses`?")
+                f"{split.ranks}): nothing to compare. Does the script still append each step's loss to `losses`, "
+                "and pass them to `record.epoch`?")
     apart = max(abs(a - b) / abs(b) for a, b in zip(split.losses[:steps], one.losses[:steps]))
     same = steps == len(one.losses) == len(split.losses) and torch.allclose(
         torch.tensor(split.losses), torch.tensor(one.losses), **TOLERANCE)
