@@ -12,6 +12,7 @@ import os
 import pickle
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -154,13 +155,17 @@ class SelfCheck:
 
     result: LaunchResult
     streamed: str  # what launch printed while the ranks ran, as a notebook cell shows it
+    left_behind: list[str]  # torchrun's log folders the launch left in the temporary folder
 
 
 def _self_check(folder: Path) -> SelfCheck:
     streamed = io.StringIO()
+    temporary = Path(tempfile.gettempdir())  # this worker's own: no other launch runs in it meanwhile
+    before = set(temporary.glob("torchrun-*"))
     with contextlib.redirect_stdout(streamed):  # launch prints from a thread, to whatever sys.stdout is then
-        result = launch(2, "course_utils.parallel.process_group", log_dir=folder, timeout_seconds=180)
-    return SelfCheck(result, streamed.getvalue())
+        # No log folder, as a notebook cell launches: the launch's own, which it removes.
+        result = launch(2, "course_utils.parallel.process_group", timeout_seconds=180)
+    return SelfCheck(result, streamed.getvalue(), sorted(map(str, set(temporary.glob("torchrun-*")) - before)))
 
 
 @pytest.fixture(scope="session")

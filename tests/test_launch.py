@@ -31,6 +31,7 @@ def test_streams_every_rank_and_returns_the_exit_code(torchrun_self_check):
     assert result.ok and result.returncode == 0, "\n".join(result.lines[-30:])
     assert "[default0]:[rank 0/2]" in streamed and "[default1]:[rank 1/2]" in streamed
     assert sorted(result.rank_logs) == [0, 1] and "ok (backend gloo" in result.rank_logs[1]
+    assert not torchrun_self_check.left_behind  # its logs read, the launch's own log folder is gone
 
 
 def test_failure_shows_the_tail_of_each_rank_log(tmp_path, capsys):

@@ -215,9 +215,12 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
     ``outputs``: the files or folders the script writes, emptied first (:func:`remove_outputs`).
     ``timeout_seconds``: the time limit (default :func:`time_limit`), a positive number of seconds; past it every
     process of the launch is ended and a ``TimeoutError`` says where each rank stood and which did not stop.
+    ``log_dir``: where torchrun keeps each rank's log; without one, a temporary folder of the launch's own, removed
+    once the logs are read into the result (kept after a time limit or an interrupt, whose message names it).
     """
     timeout_seconds = _checked_limit(time_limit() if timeout_seconds is None else timeout_seconds)
     remove_outputs(outputs)
+    own_logs = log_dir is None
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="torchrun-"))
     command = torchrun_command(nproc, module, args, log_dir, max_restarts)
     earlier = set(log_dir.iterdir()) if log_dir.is_dir() else set()
@@ -242,6 +245,8 @@ def launch(nproc: int, module: str, *args: str, log_dir: Path | None = None,
         reader.join(timeout=10)
         process.stdout.close()
     result.rank_logs = _rank_logs(log_dir, earlier)
+    if own_logs:  # every launch of a notebook would otherwise leave one in the system's temporary folder
+        shutil.rmtree(log_dir, ignore_errors=True)
     out = _out_dir(args)
     folder = RunFolder(out) if out is not None else None
     if result.ok and folder is not None and folder.summary.is_file():
