@@ -142,14 +142,13 @@ def run_progression(out_dir: Path, stages: Sequence[Variant], **train_options) -
     device_label = devices.device_name(device)
     model = train_options.get("model") or _default_model(train_options)
     plan = list(_stages_to_run(stages, device, model))
-    folders = {stage.name: Path(out_dir) / f"{number}" for number, (stage, *_) in enumerate(plan)}
-    planned = {stage.name: (options, base, reason) for stage, options, base, reason in plan}
+    planned = {stage.name: (Path(out_dir) / f"{number}", options, base, reason)
+               for number, (stage, options, base, reason) in enumerate(plan)}
 
     def run(stage: Variant) -> dict:
-        options, base, reason = planned[stage.name]
+        run_dir, options, base, reason = planned[stage.name]
         if reason:
             return {"status": f"not available on {device_label}: {reason}"}
-        run_dir = folders[stage.name]
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with devices.strict_fp32() if strict(stage) else contextlib.nullcontext():
