@@ -160,7 +160,10 @@ def test_a_job_of_another_user_is_named_as_not_yours(other_user):
 
     launcher = subprocess.Popen(["bash", "-c", "exec -a torchrun sleep 120"], preexec_fn=as_other_user)
     try:
-        time.sleep(0.5)  # until bash has become the sleep
+        deadline = time.monotonic() + 30
+        while psutil.Process(launcher.pid).cmdline()[:1] != ["torchrun"]:  # until bash has become the sleep
+            assert time.monotonic() < deadline, "bash never became the sleep"
+            time.sleep(0.05)
         done = _doctor("--pid", str(launcher.pid))
     finally:
         launcher.kill()

@@ -234,16 +234,17 @@ def test_a_stack_read_from_a_jupyter_kernel_is_plain_text_the_doctor_can_parse(m
     collective'."""
     for name, value in {"TERM": "xterm-color", "CLICOLOR": "1", "CLICOLOR_FORCE": "1", "FORCE_COLOR": "1"}.items():
         monkeypatch.setenv(name, value)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time\ndef wait():\n    time.sleep(60)\nwait()"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\ndef wait():\n    print('up', flush=True)\n"
+                                "    time.sleep(60)\nwait()"], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        assert sleeper.stdout.readline() == "up\n"
         stack = hangs.python_stack(sleeper.pid)
     finally:
         sleeper.kill()
-        sleeper.wait()
+        sleeper.communicate()
     assert "\x1b" not in stack, repr(stack[:300])
     look = examination.read_stack(0, sleeper.pid, stack, cpu_percent=0.0)
-    assert look.read and look.script_line == "<string>:3 in wait", look
+    assert look.read and look.script_line == "<string>:4 in wait", look
 
 
 def test_a_stack_that_was_not_read_is_never_taken_for_a_rank_outside_the_collectives():
@@ -258,14 +259,17 @@ def test_a_stack_that_was_not_read_is_never_taken_for_a_rank_outside_the_collect
 
 def test_the_doctor_shows_the_gpus_the_jobs_ranks_were_given_not_the_whole_shared_node():
     """One GCD per attendee on a LUMI node: the other seven are other people's, busy or idle."""
-    ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                              env={**os.environ, "ROCR_VISIBLE_DEVICES": str(gpu)}) for gpu in (2, 3)]
+    ranks = [subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                              env={**os.environ, "ROCR_VISIBLE_DEVICES": str(gpu)}, stdout=subprocess.PIPE, text=True)
+             for gpu in (2, 3)]
     try:
+        # Popen returns mid-exec, before the kernel has laid out the new environment: reading it then finds none
+        assert [rank.stdout.readline() for rank in ranks] == ["up\n", "up\n"]
         gpus = examination.job_gpus([launched_processes.environment(psutil.Process(rank.pid)) for rank in ranks])
     finally:
         for rank in ranks:
             rank.kill()
-            rank.wait()
+            rank.communicate()
     assert gpus == ({2, 3}, "ROCR_VISIBLE_DEVICES")
     node = [examination.Reading(index, "AMD Instinct MI250X") for index in range(8)]
     shown, line = examination.the_jobs(node, gpus)
@@ -277,7 +281,8 @@ def test_the_doctor_shows_the_gpus_the_jobs_ranks_were_given_not_the_whole_share
     assert shown == node and "which the monitor does not list" in line
 
 
-SLEEPER = """import time
+SLEEPER = """import pathlib, sys, time
+pathlib.Path(__file__).with_name("up" + sys.argv[1]).touch()
 time.sleep(120)
 """
 
@@ -289,6 +294,11 @@ def test_without_pid_the_doctor_lists_each_job_with_what_it_runs_and_with_none_n
                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for job in (1, 2)]
     try:
+        # until a job's rank runs, its launcher may still be mid-exec, showing this test's command line
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"up--job={job}").exists() for job in (1, 2)):
+            assert time.monotonic() < deadline and all(job.poll() is None for job in jobs), "a sleeper did not start"
+            time.sleep(0.1)
         with pytest.raises(SystemExit) as refused:
             examination.find_job(None)
         said = str(refused.value)

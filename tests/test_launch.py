@@ -169,7 +169,11 @@ def test_loader_workers_are_not_counted_as_ranks():
     process = subprocess.Popen(["bash", "-c", script], start_new_session=True, env={**os.environ, "RANK": "7"})
     try:
         deadline = time.monotonic() + 30
-        while len(children := psutil.Process(process.pid).children(recursive=True)) < 4:
+        # until the three sleeps have been exec'd: before, a forked child shows its parent's RANK=7 (or none)
+        while True:
+            children = psutil.Process(process.pid).children(recursive=True)
+            if [child.cmdline() for child in children].count(["sleep", "60"]) == 3:
+                break
             assert time.monotonic() < deadline
             time.sleep(0.1)
         found = launched_processes.ranks([psutil.Process(process.pid), *children], {process.pid})
