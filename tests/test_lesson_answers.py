@@ -84,6 +84,7 @@ def test_allocator_memory_that_grows_is_explained():
                                          ("resnet18", 128, 1e7, 1.0, 1500.0, 0.02, 3500.0, "allocator")]))
     assert "peak memory grew **3.5x** and throughput changed **1.50x**" in text and "**faster**" in text
     assert "Memory grows with the batch because activations are stored" in text
+    assert ".." not in text  # each model's line ends with one full stop, after the speed's own sentence
 
 
 def test_models_whose_speeds_differ_inside_the_spread_are_not_ranked():

@@ -21,12 +21,12 @@ class SweepSize:
     models: tuple[str, ...]
     batch_sizes: tuple[int, ...]
     image_size: int  # workshop: 224 px, so that the LUMI workshop's set-up (ResNet-152, batch 128) is a row
-    steps: int  # timed iterations of each round
+    steps: int  # timed iterations of each round (ci: 2, a ResNet-18 step on a 2-core CPU takes seconds)
     rounds: int = 3  # rounds per setting: their spread is the noise the answers compare with
 
 
 SWEEPS = {
-    "ci": SweepSize(models=("small_cnn", "resnet18"), batch_sizes=(16, 64), image_size=32, steps=4),
+    "ci": SweepSize(models=("small_cnn", "resnet18"), batch_sizes=(16, 64), image_size=32, steps=2),
     "workshop": SweepSize(models=("resnet18", "resnet50", "resnet152"), batch_sizes=(32, 128, 512, 2048),
                           image_size=224, steps=10),
 }

@@ -75,7 +75,7 @@ def batch_size_answer(sweep: pd.DataFrame) -> str:
         low, high = fits.iloc[0], fits.iloc[-1]
         memory, measured = _memory_text(low, high)
         grew |= measured
-        speed = f"throughput changed {_speed_ratio(high, low).sentence()}"
+        speed = f"throughput changed {_speed_ratio(high, low).sentence().rstrip('.')}"  # the line's end adds one
         text = (f"- **{model}**: from batch {low['batch_size']} to {high['batch_size']} "
                 f"({high['batch_size'] / low['batch_size']:.0f}x), {memory} and {speed}")
         failed = rows[rows["status"] != "ok"]["batch_size"]
