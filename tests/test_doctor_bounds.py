@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow  # real processes read by py-spy, and the doctor's start-up (it imports torch)
 
@@ -160,10 +161,7 @@ def test_a_job_of_another_user_is_named_as_not_yours(other_user):
 
     launcher = subprocess.Popen(["bash", "-c", "exec -a torchrun sleep 120"], preexec_fn=as_other_user)
     try:
-        deadline = time.monotonic() + 30
-        while psutil.Process(launcher.pid).cmdline()[:1] != ["torchrun"]:  # until bash has become the sleep
-            assert time.monotonic() < deadline, "bash never became the sleep"
-            time.sleep(0.05)
+        wait_until(lambda: psutil.Process(launcher.pid).cmdline()[:1] == ["torchrun"], "bash becoming the sleep")
         done = _doctor("--pid", str(launcher.pid))
     finally:
         launcher.kill()

@@ -10,11 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+from waiting import wait_until
 
 from course_utils.doctor import examination, hangs
 from course_utils.lessons import when_it_breaks
@@ -295,10 +295,8 @@ def test_without_pid_the_doctor_lists_each_job_with_what_it_runs_and_with_none_n
             for job in (1, 2)]
     try:
         # until a job's rank runs, its launcher may still be mid-exec, showing this test's command line
-        deadline = time.monotonic() + 120
-        while not all((tmp_path / f"up--job={job}").exists() for job in (1, 2)):
-            assert time.monotonic() < deadline and all(job.poll() is None for job in jobs), "a sleeper did not start"
-            time.sleep(0.1)
+        wait_until(lambda: all((tmp_path / f"up--job={job}").exists() for job in (1, 2)), "both sleepers' start",
+                   timeout=120)
         with pytest.raises(SystemExit) as refused:
             examination.find_job(None)
         said = str(refused.value)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from waiting import wait_until
 
 from course_utils.parallel import launched_processes
 from course_utils.parallel.launch import (
@@ -168,14 +169,10 @@ def test_loader_workers_are_not_counted_as_ranks():
     script = "RANK=0 sleep 60 & RANK=1 bash -c 'sleep 60 & sleep 60 & wait' & wait"
     process = subprocess.Popen(["bash", "-c", script], start_new_session=True, env={**os.environ, "RANK": "7"})
     try:
-        deadline = time.monotonic() + 30
         # until the three sleeps have been exec'd: before, a forked child shows its parent's RANK=7 (or none)
-        while True:
-            children = psutil.Process(process.pid).children(recursive=True)
-            if [child.cmdline() for child in children].count(["sleep", "60"]) == 3:
-                break
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until(lambda: [child.cmdline() for child in psutil.Process(process.pid).children(recursive=True)
+                            ].count(["sleep", "60"]) == 3, "the three sleeps' exec")
+        children = psutil.Process(process.pid).children(recursive=True)
         found = launched_processes.ranks([psutil.Process(process.pid), *children], {process.pid})
         assert sorted(found.values()) == [0, 1]
         assert {psutil.Process(pid).ppid() for pid in found} == {process.pid}
