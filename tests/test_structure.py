@@ -85,6 +85,43 @@ def test_every_part_of_the_package_has_a_floor():
     assert {_part(module) for module in _graph()} - {"course_utils"} <= set(FLOORS)
 
 
+def _imported_at_start(tree: ast.Module) -> set[str]:
+    """The modules a module's own top-level statements import (not those under ``if TYPE_CHECKING:``, nor those
+    inside functions), each with the packages above it."""
+    names, pending = set(), list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, (ast.If, ast.Try)):
+            pending += [*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                        *(statement for handler in getattr(node, "handlers", []) for statement in handler.body)]
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {".".join(name.split(".")[:end]) for name in names for end in range(1, name.count(".") + 2)}
+
+
+def test_the_training_commands_ranks_start_without_pandas():
+    """Every rank of every launch imports ``course_utils.train``: pandas, 0.7 s of CPU in each, is imported where
+    a table is made, which a training run does not need."""
+    modules, seen, pending, outside = _modules(), set(), ["course_utils.train"], {}
+    while pending:
+        module = pending.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for name in _imported_at_start(modules[module]):
+            if name in modules:
+                pending.append(name)
+            elif name.split(".")[0] != "course_utils":  # not a module: a name imported from one
+                outside.setdefault(name.split(".")[0], module)
+    assert "course_utils.observe.metrics" in seen and "torch" in outside  # the walk follows the real imports
+    assert "pandas" not in outside, f"{outside.get('pandas')} imports pandas when the training command starts"
+
+
 @pytest.mark.parametrize("module", sorted(_modules()))
 def test_each_module_says_what_it_is_for_and_which_notebooks_use_it(module):
     docstring = ast.get_docstring(_modules()[module])

@@ -11,15 +11,18 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from course_utils.atomic_files import write_text_atomic
 from course_utils.observe.noise import Measurement
 from course_utils.observe.tensorboard import EVENTS_PREFIX, EventFile
 from course_utils.run_folder import RunFolder
 from course_utils.shared_folders import naming_the_file, open_file, refuse_link
+
+# pandas only where a table is made: the training command's ranks import this module, and pandas would cost
+# each of them 0.7 s of CPU at start-up for tables a run never makes.
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def json_safe(value: Any) -> Any:
@@ -124,6 +127,8 @@ class Run:
 
 def load_run(out_dir: Path) -> Run:
     """Read ``metrics.jsonl`` and ``summary.json`` of a run directory."""
+    import pandas as pd
+
     folder = RunFolder(out_dir)
     path = folder.metrics
     if not path.exists():

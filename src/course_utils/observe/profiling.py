@@ -21,14 +21,19 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from course_utils.atomic_files import write_text_atomic
 from course_utils.shared_folders import make_folder
+
+# pandas only where a table is made: the training command's ranks import this module, and pandas would cost
+# each of them 0.7 s of CPU at start-up for tables a run never makes.
+if TYPE_CHECKING:
+    import pandas as pd
 
 PHASES = ("data", "forward", "backward", "optimizer_step")
 TRACE_FILE = "trace.json"
@@ -137,6 +142,8 @@ def host_events(prof: profile) -> list:
 
 def top_operators(prof: profile, count: int = 15) -> pd.DataFrame:
     """The operators that took the most time (self time, on the device where there is one)."""
+    import pandas as pd
+
     rows = [
         {"operator": e.key, "calls": e.count, "cpu_self_ms": e.self_cpu_time_total / 1000,
          "cpu_total_ms": e.cpu_time_total / 1000,
@@ -156,6 +163,8 @@ def phase_split(prof: profile) -> pd.DataFrame:
     launches no kernel, so only the host clock shows an input-bound run, on a GPU as on a CPU;
     the device clock shows where the GPU's own work goes.
     """
+    import pandas as pd
+
     events = {e.key: e for e in host_events(prof) if e.key in PHASES}
     rows = [{"phase": name, "calls": events[name].count, "cpu_ms": events[name].cpu_time_total / 1000,
              "device_ms": _device_total(events[name]) / 1000} for name in PHASES if name in events]
@@ -169,6 +178,8 @@ def phase_split(prof: profile) -> pd.DataFrame:
 
 def read_tables(out_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The operator and phase tables a traced run wrote to ``out_dir``."""
+    import pandas as pd
+
     out_dir = Path(out_dir)
     if not (out_dir / PHASES_FILE).exists():
         raise FileNotFoundError(f"{out_dir} holds no trace tables: train with --trace {out_dir} first")

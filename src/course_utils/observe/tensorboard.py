@@ -16,11 +16,15 @@ import socket
 import sys
 import time
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from course_utils.notebook import interactive
 from course_utils.shared_folders import make_folder, naming_the_file, open_file
+
+# pandas only where a table is made: the training command's ranks import this module, and pandas would cost
+# each of them 0.7 s of CPU at start-up for tables a run never makes.
+if TYPE_CHECKING:
+    import pandas as pd
 
 EVENTS_PREFIX = "events.out.tfevents."
 
@@ -65,6 +69,7 @@ class EventFile:
 
 def read_scalars(logdir: Path) -> pd.DataFrame:
     """All scalars under ``logdir`` as a table: tag, step, value, wall_time."""
+    import pandas as pd
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     accumulator = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
