@@ -149,6 +149,18 @@ def fsdp_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     return result, out
 
 
+@pytest.fixture(scope="session")
+def fsdp_resumed_past_damage(fsdp_run, tiny_root: Path,
+                             tmp_path_factory: pytest.TempPathFactory) -> tuple[LaunchResult, Path, Path]:
+    """A copy of ``fsdp_run`` whose checkpoints after step 2 are each damaged in a way of its own, resumed once
+    for the run (``sharded_runs.resumed_past_damage``): each test of a damage reads its own line of the one
+    launch. What the launch gave, its run folder, and the file the forged metadata would write if it ran."""
+    import sharded_runs
+
+    return _once_per_run(tmp_path_factory, "fsdp-damaged",
+                         lambda folder: sharded_runs.resumed_past_damage(tiny_root, fsdp_run[1], folder))
+
+
 @dataclass(frozen=True)
 class SelfCheck:
     """What one torchrun of the process group's self-check gave: its result and what it streamed."""

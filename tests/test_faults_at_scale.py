@@ -132,26 +132,19 @@ def _copy(run: Path, tmp_path: Path) -> RunFolder:
     return RunFolder(tmp_path / "run")
 
 
-class WritesAFile:
-    """What a forged file would hold: unpickling it runs ``open(path, "w").write(...)``."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):
-        return exec, (f"open({str(self.path)!r}, 'w').write('this ran')",)
+def _skipped(run: Path, step: int, why: str) -> str:
+    """The line a resume says for a checkpoint it passed over."""
+    return f"skipped a checkpoint: {checkpoint.step_path(RunFolder(run).checkpoints, step, sharded=True)}{why}"
 
 
-def test_a_forged_metadata_file_is_refused_and_never_runs(sharded_run, tiny_root, tmp_path):
-    run = _copy(sharded_run, tmp_path)
-    newest = checkpoint.step_path(run.checkpoints, 4, sharded=True)
-    ran = tmp_path / "ran"
-    (newest / checkpoint.SHARDED_METADATA).write_bytes(pickle.dumps(WritesAFile(ran)))
-    result = _launch(tiny_root, run.path, max_steps=5, resume="auto")
+def test_a_forged_metadata_file_is_refused_and_never_runs(fsdp_resumed_past_damage):
+    """Its checkpoint is one of those the session's damaged copy passes over (``sharded_runs``)."""
+    result, run, ran = fsdp_resumed_past_damage
     lines = "\n".join(result.lines)
     assert not ran.exists(), "the forged .metadata ran on resume"
     assert result.ok, lines[-3000:]
-    assert "step-00000004.dcp is not a whole sharded checkpoint: .metadata refers to builtins.exec" in lines
+    assert _skipped(run, sharded_runs.FORGED_METADATA_STEP, " is not a whole sharded checkpoint: .metadata refers "
+                                                            "to builtins.exec") in lines, lines[-3000:]
     assert "resuming from" in lines and "step-00000002.dcp: step 2" in lines
 
 
@@ -165,7 +158,7 @@ def test_a_forged_item_in_a_shard_file_is_refused_and_never_runs(sharded_run, ti
     index, info = next((index, info) for index, info in metadata.storage_data.items()
                        if index.fqn == "optimizer.param_groups.0.lr")
     payload = io.BytesIO()
-    torch.save(WritesAFile(ran), payload)
+    torch.save(sharded_runs.WritesAFile(ran), payload)
     shard = newest / info.relative_path
     offset = shard.stat().st_size
     with open(shard, "ab") as stream:
@@ -180,30 +173,23 @@ def test_a_forged_item_in_a_shard_file_is_refused_and_never_runs(sharded_run, ti
     assert not any("Traceback" in line for line in ranks), lines[-3000:]
 
 
-def _missing(shard: Path) -> None:
-    shard.unlink()
+# What the resume says of each damage, after its checkpoint's name.
+PASSED_OVER = {"missing": " is not a whole sharded checkpoint: its shard file __1_0.distcp is missing",
+               "truncated": " is not a whole sharded checkpoint: its shard file __1_0.distcp is truncated",
+               "corrupted": ": its shards do not load"}
 
 
-def _truncated(shard: Path) -> None:
-    os.truncate(shard, shard.stat().st_size // 2)
-
-
-def _corrupted(shard: Path) -> None:
-    with open(shard, "r+b") as stream:  # the same length, its first item's header overwritten
-        stream.write(bytes(64))
-
-
-@pytest.mark.parametrize("damage", [_missing, _truncated, _corrupted], ids=["missing", "truncated", "corrupted"])
-def test_a_damaged_shard_is_passed_over_for_the_newest_whole_checkpoint(sharded_run, tiny_root, tmp_path, damage):
-    run = _copy(sharded_run, tmp_path)
-    newest = checkpoint.step_path(run.checkpoints, 4, sharded=True)
-    damage(newest / "__1_0.distcp")
-    result = _launch(tiny_root, run.path, max_steps=5, resume="auto")
+@pytest.mark.parametrize("damage", list(sharded_runs.SHARD_DAMAGE))
+def test_a_damaged_shard_is_passed_over_for_the_newest_whole_checkpoint(fsdp_resumed_past_damage, damage):
+    """Each damage lies in a checkpoint of its own in the session's damaged copy (``sharded_runs``), all of them
+    newer than step 2: the one resume names each it passed over and continues from step 2."""
+    result, run, _ = fsdp_resumed_past_damage
     lines = "\n".join(result.lines)
     assert result.ok, lines[-3000:]
-    assert "skipped a checkpoint" in lines and "step-00000004.dcp" in lines
+    step, _ = sharded_runs.SHARD_DAMAGE[damage]
+    assert _skipped(run, step, PASSED_OVER[damage]) in lines, lines[-3000:]
     assert "resuming from" in lines and "step-00000002.dcp: step 2" in lines
-    assert RunFolder(run.path).read_summary()["steps"] == 5
+    assert RunFolder(run).read_summary()["steps"] == 5
 
 
 def test_a_second_sharded_run_in_a_busy_folder_stops_on_every_rank_before_reading_a_checkpoint(tiny_root, tmp_path):

@@ -55,14 +55,18 @@ def test_fsdp_trains_like_ddp_and_each_rank_holds_half_the_model(fsdp_run, tiny_
 
 @pytest.mark.oldest
 def test_a_sharded_checkpoint_resumes_on_another_number_of_ranks(fsdp_run, tiny_root, tmp_path):
+    """The session's run as if stopped at its step-2 checkpoint (its step-4 one and its summary taken away)."""
     _, out = fsdp_run
     stopped = tmp_path / "stopped"
-    _launch(2, tiny_root, stopped, distributed="fsdp", max_steps=2, checkpoint_every=1)
-    assert {path.name for path in RunFolder(stopped).checkpoints.iterdir()} == {"step-00000001.dcp",
-                                                                                "step-00000002.dcp"}
+    shutil.copytree(out, stopped)
+    folder = RunFolder(stopped).checkpoints
+    assert {path.name for path in folder.iterdir()} == {"step-00000002.dcp", "step-00000004.dcp"}
+    shutil.rmtree(checkpoint.step_path(folder, 4, sharded=True))
+    (stopped / "summary.json").unlink()
     # Four ranks of 8 images continue two ranks of 16: the same global batch, the same images in each step.
     resumed = _launch(4, tiny_root, stopped, distributed="fsdp", batch_size=8, resume="auto")
     assert "resharded: written by 2 ranks, continued by 4" in "\n".join(resumed.lines)
+    assert "step-00000002.dcp: step 2" in "\n".join(resumed.lines)
     assert resumed.summary["world_size"] == 4 and resumed.summary["steps"] == 4
     assert _step_losses(stopped) == pytest.approx(_step_losses(out), rel=1e-4)
     # Two ranks of 8 are half the global batch the four ranks' checkpoint trained: refused, whatever the rank count.
@@ -72,20 +76,16 @@ def test_a_sharded_checkpoint_resumes_on_another_number_of_ranks(fsdp_run, tiny_
             "micro-batch(es) = 16 now") in "\n".join(refused.lines)
 
 
-def test_a_damaged_sharded_checkpoint_is_passed_over_and_a_half_written_one_cleared(fsdp_run, tiny_root, tmp_path):
-    _, out = fsdp_run
-    run = tmp_path / "copy"
-    shutil.copytree(out, run)
-    folder = RunFolder(run).checkpoints
-    newest = checkpoint.step_path(folder, 4, sharded=True)
-    shutil.copytree(newest, folder / f".{newest.name}.tmp")  # a write that was killed before its rename
-    (newest / checkpoint.SHARDED_METADATA).unlink()  # and damage to the newest whole one
-    (run / "summary.json").unlink()
-    result = _launch(2, tiny_root, run, distributed="fsdp", resume="auto", max_steps=5)
+def test_a_damaged_sharded_checkpoint_is_passed_over_and_a_half_written_one_cleared(fsdp_resumed_past_damage):
+    """The session's damaged copy (``sharded_runs``) holds one checkpoint without its metadata and a half-written
+    one newer than all."""
+    result, run, _ = fsdp_resumed_past_damage
     lines = "\n".join(result.lines)
-    assert "skipped a checkpoint" in lines and "step-00000004.dcp is not a whole sharded checkpoint" in lines
+    assert result.ok, lines[-3000:]
+    bare = checkpoint.step_path(RunFolder(run).checkpoints, sharded_runs.NO_METADATA_STEP, sharded=True)
+    assert f"skipped a checkpoint: {bare} is not a whole sharded checkpoint: its .metadata is missing" in lines
     assert "resuming from" in lines and "step-00000002.dcp: step 2" in lines
-    assert not list(folder.glob(".*.tmp"))
+    assert not list(RunFolder(run).checkpoints.glob(".*.tmp"))
 
 
 def test_a_checkpoint_of_another_strategy_is_refused_by_name(fsdp_run, tiny_root, tmp_path):

@@ -4,6 +4,8 @@ sharded checkpoint resumed on another layout; the combinations that cannot work 
 runs to its end as from a terminal and must exit within seconds of its last line (the rule
 ``test_every_process_ends.py`` sets for every command: these launches are its tensor-parallel cases)."""
 
+import shutil
+
 import pytest
 
 from course_utils.observe import communication
@@ -56,10 +58,18 @@ def test_the_vision_transformer_has_its_sizes():
     assert not models.has_batch_norm(vit)
 
 
+@pytest.fixture(scope="module")
+def tensor_parallel(tiny_root, tmp_path_factory, run_to_end):
+    """The run on 2 tensor-parallel ranks, sharded checkpoints at steps 2 and 4: its test reads it, the test of
+    resuming it under FSDP copies it."""
+    out = tmp_path_factory.mktemp("tp") / "run"
+    _ranks(2, tiny_root, out, run_to_end, distributed="tp", checkpoint_every=2)
+    return out
+
+
 @pytest.mark.oldest
-def test_tensor_parallel_trains_like_one_process(single, tiny_root, tmp_path, run_summary, run_to_end):
-    out = tmp_path / "tp"
-    _ranks(2, tiny_root, out, run_to_end, distributed="tp", checkpoint_every=4)
+def test_tensor_parallel_trains_like_one_process(single, tensor_parallel, run_summary):
+    out = tensor_parallel
     assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
     summary = run_summary(out)
     assert summary["tensor_parallel_size"] == 2 and summary["global_batch_size"] == GLOBAL_BATCH
@@ -79,14 +89,18 @@ def test_fsdp_over_tensor_parallel_pairs_trains_like_one_process(single, tiny_ro
 
 
 @pytest.mark.oldest
-def test_a_tensor_parallel_checkpoint_resumes_under_fsdp(single, tiny_root, tmp_path, run_to_end):
+def test_a_tensor_parallel_checkpoint_resumes_under_fsdp(single, tensor_parallel, tiny_root, tmp_path, run_to_end):
+    """The tensor-parallel run as if stopped at its step-2 checkpoint (its step-4 one and its summary taken away)."""
     out = tmp_path / "stopped"
-    _ranks(2, tiny_root, out, run_to_end, distributed="tp", max_steps=2, checkpoint_every=1)
-    newest = checkpoint.candidates(RunFolder(out).checkpoints)[0]
-    assert newest.name == "step-00000002.dcp" and newest.is_dir()
+    shutil.copytree(tensor_parallel, out)
+    folder = RunFolder(out).checkpoints
+    assert sorted((path.name, path.is_dir()) for path in folder.iterdir()) == [("step-00000002.dcp", True),
+                                                                             ("step-00000004.dcp", True)]
+    shutil.rmtree(checkpoint.step_path(folder, 4, sharded=True))
+    (out / "summary.json").unlink()
     # FSDP on two ranks of 8 images continues tensor parallelism on two ranks of 16: the same global batch.
     resumed = _ranks(2, tiny_root, out, run_to_end, distributed="fsdp", batch_size=GLOBAL_BATCH // 2, resume="auto")
-    assert "resuming from" in resumed.output
+    assert "resuming from" in resumed.output and "step-00000002.dcp: step 2" in resumed.output
     assert _losses(out) == pytest.approx(_losses(single), rel=1e-5)
 
 
