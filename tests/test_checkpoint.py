@@ -53,6 +53,17 @@ def test_random_bytes_are_not_a_checkpoint_and_not_said_to_hold_code(tmp_path):
         assert str(caught.value).startswith(f"{path} is damaged: 4096 bytes that are not a whole PyTorch checkpoint")
 
 
+def test_checkpoints_a_resume_passed_over_never_push_out_the_whole_ones(tmp_path):
+    """A run resumed from step 2 past damaged checkpoints of steps 10 and 12 keeps its own newest two."""
+    for step in (10, 12):
+        checkpoint.step_path(tmp_path, step).write_bytes(b"damaged")
+    kept = []
+    for step in (2, 5, 6):
+        checkpoint.save_keeping({"model": {"w": torch.full((3,), float(step))}, "step": step}, tmp_path, step)
+        kept.append(sorted(int(path.name[5:13]) for path in tmp_path.glob("step-*")))
+    assert kept == [[2, 10, 12], [2, 5, 10, 12], [5, 6, 10, 12]]
+
+
 def test_kept_checkpoints_are_independent_files(tmp_path):
     for step in (1, 2):
         checkpoint.save_keeping({"model": {"w": torch.full((3,), float(step))}, "step": step}, tmp_path, step)

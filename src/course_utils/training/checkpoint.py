@@ -105,10 +105,18 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def remove_oldest(folder: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` step checkpoints."""
-    for old in _step_checkpoints(folder)[:-keep]:
+def remove_oldest(folder: Path, written: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` step checkpoints up to ``written``, the one just saved. Those of later
+    steps are ones a resume passed over as damaged: counted, they would push out the whole ones it resumed from
+    and ``written`` itself."""
+    up_to_written = [path for path in _step_checkpoints(folder) if _step_name(path) <= _step_name(written)]
+    for old in up_to_written[:-keep]:
         _remove(old)
+
+
+def _step_name(path: Path) -> str:
+    """``step-00000012`` of a step file or sharded folder: names that sort as their steps do."""
+    return path.name.split(".")[0]
 
 
 def save_keeping(state: dict[str, Any], folder: Path, step: int, keep: int = 2) -> Path:
@@ -118,7 +126,7 @@ def save_keeping(state: dict[str, Any], folder: Path, step: int, keep: int = 2) 
     path = save_atomic(state, step_path(folder, step))
     with open(path, "rb") as source:
         write_atomic(folder / LAST_CHECKPOINT, lambda stream: shutil.copyfileobj(source, stream))
-    remove_oldest(folder, keep)
+    remove_oldest(folder, path, keep)
     return path
 
 

@@ -50,7 +50,7 @@ def save_keeping(model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict
     if is_main:
         checkpoint.save_atomic(extra, partial / checkpoint.SHARDED_EXTRA)
         replace_directory(partial, final)  # the same step saved again replaces the older folder
-        checkpoint.remove_oldest(folder, keep)
+        checkpoint.remove_oldest(folder, final, keep)
     barrier()
     return final
 
