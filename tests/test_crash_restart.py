@@ -1,5 +1,6 @@
 """Notebook 12's crash and restart: a rank killed mid-run, torchrun restarting the job, the run resuming from its
-checkpoint on its own, and the time lost read from its records; nothing of the launch left running."""
+checkpoint on its own to the weights of a run never killed, and the time lost read from its records; nothing of
+the launch left running."""
 
 import os
 import re
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from course_utils.doctor import comm_failures
+from course_utils.experiments.runs import run_ranks
 from course_utils.lessons import crash_restart
 from course_utils.train import train
 from course_utils.training.options import to_flags
@@ -19,13 +22,22 @@ from course_utils.training.options import to_flags
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
-def test_a_killed_rank_costs_the_steps_since_the_checkpoint_and_the_restart(tiny_root, tmp_path):
+def _options(tiny_root: Path) -> dict:
+    return dict(size="ci", data_dir=str(tiny_root), model="small_cnn_gn", train_samples=256, test_samples=32,
+                epochs=2, batch_size=8, workers=2, log_every=1, checkpoint_every=4, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def crashed(tiny_root, tmp_path_factory):
+    """One launch whose rank 1 is killed after step 11 and which torchrun restarts, with what it cost: the cost's
+    test and the restart's read it (each launch of two ranks, restarted, costs tens of CPU seconds)."""
+    out = tmp_path_factory.mktemp("crashed") / "crash"
+    return out, *crash_restart.crash_and_restart(out, crash_at=11, **_options(tiny_root))
+
+
+def test_a_killed_rank_costs_the_steps_since_the_checkpoint_and_the_restart(crashed):
     """Loader workers run beside each rank: the dead rank's workers must not keep the job alive."""
-    out = tmp_path / "crash"
-    result, lost = crash_restart.crash_and_restart(out, crash_at=11, size="ci", data_dir=str(tiny_root),
-                                                   model="small_cnn_gn", train_samples=256, test_samples=32,
-                                                   epochs=2, batch_size=8, workers=2, log_every=1,
-                                                   checkpoint_every=4, device="cpu")
+    out, result, lost = crashed
     assert result.ok and result.summary["steps"] == 32
     assert re.search(r"exitcode\s*: -9\)? local_rank: 1", "\n".join(result.lines))  # torchrun saw rank 1 killed
     assert (lost.rank, lost.crashed_at, lost.resumed_from, lost.last_logged, lost.lost_steps) == (1, 11, 8, 11, 3)
@@ -37,6 +49,17 @@ def test_a_killed_rank_costs_the_steps_since_the_checkpoint_and_the_restart(tiny
     assert "**3 steps**" in text and "step **8**" in text and "after step **11**" in text
     left = [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
     assert not left
+
+
+@pytest.mark.oldest
+def test_torchrun_restarts_from_the_last_checkpoint(crashed, tiny_root, tmp_path, run_weights):
+    """The restarted ranks end with the weights of the same run never killed: every rank loaded rank 0's file."""
+    out, result, _ = crashed
+    assert any("resuming from" in line for line in result.lines)
+    reference = tmp_path / "reference"
+    run_ranks(2, reference, timeout_seconds=300, **_options(tiny_root))
+    final, expected = run_weights(out), run_weights(reference)
+    assert all(torch.equal(final[name], expected[name]) for name in expected)
 
 
 def test_a_crash_without_a_checkpoint_to_resume_from_says_so(tiny_root, tmp_path):

@@ -169,7 +169,8 @@ def test_a_cell_interrupted_while_compiling_leaves_the_kernel_usable(tiny_root, 
 
 # The course's tools, each as a learner or an instructor starts it from a terminal: the doctor pointed at a process
 # that is no job (this test's own: with none named it would look at any torchrun job of this user, and the suite's
-# other workers run some), the monitor for a few samples, the data preparation of the ci size.
+# other workers run some; what it says then is test_hangs.py's case, read from this one run), the monitor for a
+# few samples, the data preparation of the ci size.
 TOOLS = [
     ("doctor", ["-m", "course_utils.doctor", "--pid", str(os.getpid())], 1),
     ("monitor", ["-m", "course_utils.observe.monitor", "--backend", "cpu", "--count", "3", "--interval", "0.2"], 0),
@@ -183,3 +184,5 @@ def test_each_tool_ends_within_seconds_of_its_last_line(name, arguments, code, t
     ended = run_to_end([sys.executable, *arguments], env)
     print(f"{name}: exit {ended.code}, {ended.seconds_after_last_line:.2f} s after its last line")
     ended.assert_ended(code)
+    if name == "doctor":  # it says what to pass, not where it looked
+        assert "is neither a torchrun launcher, nor one of its ranks, nor a Slurm" in ended.output, ended.output

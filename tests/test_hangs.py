@@ -139,12 +139,11 @@ def test_pytorchs_analyser_leaves_out_the_rank_that_died_and_reads_the_others(tm
 
 
 def test_the_doctor_says_what_to_pass_when_it_cannot_tell_the_job():
+    """A pid of no process. A process that is no job (the test's own) is test_every_process_ends.py's: its one
+    doctor run reads what the doctor says then and how it ends."""
     missing = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", "999999999"],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "no process has pid 999999999" in missing.stderr
-    this = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--pid", str(os.getpid())],
-                          capture_output=True, text=True, timeout=60)
-    assert this.returncode != 0 and "neither a torchrun launcher, nor one of its ranks, nor a Slurm" in this.stderr
 
 
 TASK = """import os, subprocess, sys, time
