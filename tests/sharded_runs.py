@@ -29,6 +29,19 @@ def launched(ranks: int, tiny_root: Path, out: Path | str, **extra) -> LaunchRes
                   log_dir=Path(out).parent / f"{Path(out).name}-logs", echo=False, timeout_seconds=300)
 
 
+def unfinished_copy(run: Path, to: Path, stopped_at: int | None = None) -> RunFolder:
+    """A copy of the finished ``run`` to resume: without its summary, and with ``stopped_at`` without its sharded
+    checkpoints of later steps either, as if it had stopped there."""
+    shutil.copytree(run, to)
+    folder = RunFolder(to)
+    folder.summary.unlink()
+    if stopped_at is not None:
+        last_kept = checkpoint.step_path(folder.checkpoints, stopped_at, sharded=True).name
+        for later in [path for path in folder.checkpoints.glob("step-*.dcp") if path.name > last_kept]:
+            shutil.rmtree(later)
+    return folder
+
+
 class WritesAFile:
     """What a forged file would hold: unpickling it runs ``open(path, "w").write(...)``."""
 
@@ -67,9 +80,7 @@ def resumed_past_damage(tiny_root: Path, run: Path, folder: Path) -> tuple[Launc
     passes over each damage, naming its checkpoint, for step 2. Returns what the launch gave, the run folder, and
     the file the forged metadata would write were it ever unpickled."""
     out, ran = folder / "run", folder / "ran"
-    shutil.copytree(run, out)
-    (out / "summary.json").unlink()  # an unfinished run, to resume
-    checkpoints = RunFolder(out).checkpoints
+    checkpoints = unfinished_copy(run, out).checkpoints
 
     def at(step: int) -> Path:
         return checkpoint.step_path(checkpoints, step, sharded=True)

@@ -7,7 +7,6 @@ import io
 import os
 import pickle
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -126,12 +125,6 @@ def sharded_run(fsdp_run) -> Path:
     return fsdp_run[1]
 
 
-def _copy(run: Path, tmp_path: Path) -> RunFolder:
-    shutil.copytree(run, tmp_path / "run")
-    (tmp_path / "run" / "summary.json").unlink()  # an unfinished run, to resume
-    return RunFolder(tmp_path / "run")
-
-
 def _skipped(run: Path, step: int, why: str) -> str:
     """The line a resume says for a checkpoint it passed over."""
     return f"skipped a checkpoint: {checkpoint.step_path(RunFolder(run).checkpoints, step, sharded=True)}{why}"
@@ -151,7 +144,7 @@ def test_a_forged_metadata_file_is_refused_and_never_runs(fsdp_resumed_past_dama
 def test_a_forged_item_in_a_shard_file_is_refused_and_never_runs(sharded_run, tiny_root, tmp_path):
     """A shard's non-tensor item (the optimizer's learning rate) replaced by an object whose unpickling writes a
     file, and the metadata pointed at it, as someone with write access to the run folder could do."""
-    run = _copy(sharded_run, tmp_path)
+    run = sharded_runs.unfinished_copy(sharded_run, tmp_path / "run")
     newest = checkpoint.step_path(run.checkpoints, 4, sharded=True)
     ran = tmp_path / "ran"
     metadata = shard_files.read_metadata(newest)

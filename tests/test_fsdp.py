@@ -57,12 +57,8 @@ def test_fsdp_trains_like_ddp_and_each_rank_holds_half_the_model(fsdp_run, tiny_
 def test_a_sharded_checkpoint_resumes_on_another_number_of_ranks(fsdp_run, tiny_root, tmp_path):
     """The session's run as if stopped at its step-2 checkpoint (its step-4 one and its summary taken away)."""
     _, out = fsdp_run
-    stopped = tmp_path / "stopped"
-    shutil.copytree(out, stopped)
-    folder = RunFolder(stopped).checkpoints
-    assert {path.name for path in folder.iterdir()} == {"step-00000002.dcp", "step-00000004.dcp"}
-    shutil.rmtree(checkpoint.step_path(folder, 4, sharded=True))
-    (stopped / "summary.json").unlink()
+    assert {path.name for path in RunFolder(out).checkpoints.iterdir()} == {"step-00000002.dcp", "step-00000004.dcp"}
+    stopped = sharded_runs.unfinished_copy(out, tmp_path / "stopped", stopped_at=2).path
     # Four ranks of 8 images continue two ranks of 16: the same global batch, the same images in each step.
     resumed = _launch(4, tiny_root, stopped, distributed="fsdp", batch_size=8, resume="auto")
     assert "resharded: written by 2 ranks, continued by 4" in "\n".join(resumed.lines)

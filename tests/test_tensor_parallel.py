@@ -4,9 +4,8 @@ sharded checkpoint resumed on another layout; the combinations that cannot work 
 runs to its end as from a terminal and must exit within seconds of its last line (the rule
 ``test_every_process_ends.py`` sets for every command: these launches are its tensor-parallel cases)."""
 
-import shutil
-
 import pytest
+import sharded_runs
 
 from course_utils.observe import communication
 from course_utils.observe.metrics import read_records
@@ -15,7 +14,7 @@ from course_utils.parallel.launch import torchrun_command
 from course_utils.parallel.layout import Layout
 from course_utils.run_folder import RunFolder
 from course_utils.train import train
-from course_utils.training import checkpoint, models
+from course_utils.training import models
 from course_utils.training.options import to_flags
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -91,13 +90,10 @@ def test_fsdp_over_tensor_parallel_pairs_trains_like_one_process(single, tiny_ro
 @pytest.mark.oldest
 def test_a_tensor_parallel_checkpoint_resumes_under_fsdp(single, tensor_parallel, tiny_root, tmp_path, run_to_end):
     """The tensor-parallel run as if stopped at its step-2 checkpoint (its step-4 one and its summary taken away)."""
-    out = tmp_path / "stopped"
-    shutil.copytree(tensor_parallel, out)
-    folder = RunFolder(out).checkpoints
-    assert sorted((path.name, path.is_dir()) for path in folder.iterdir()) == [("step-00000002.dcp", True),
-                                                                             ("step-00000004.dcp", True)]
-    shutil.rmtree(checkpoint.step_path(folder, 4, sharded=True))
-    (out / "summary.json").unlink()
+    written = RunFolder(tensor_parallel).checkpoints
+    assert sorted((path.name, path.is_dir()) for path in written.iterdir()) == [("step-00000002.dcp", True),
+                                                                              ("step-00000004.dcp", True)]
+    out = sharded_runs.unfinished_copy(tensor_parallel, tmp_path / "stopped", stopped_at=2).path
     # FSDP on two ranks of 8 images continues tensor parallelism on two ranks of 16: the same global batch.
     resumed = _ranks(2, tiny_root, out, run_to_end, distributed="fsdp", batch_size=GLOBAL_BATCH // 2, resume="auto")
     assert "resuming from" in resumed.output and "step-00000002.dcp: step 2" in resumed.output
