@@ -1,16 +1,18 @@
-"""Record the course's reference results on the GPU node this runs on, in at most nine minutes
-(``benchmarks/record_reference.sh`` starts it; ``--help`` lists its options).
+"""Record the course's reference results on the GPU node this runs on, in two runs of at most nine minutes each
+(``benchmarks/record_reference.sh`` starts it; ``--help`` lists its options): the benchmarks first, then, with
+``--notebooks``, the notebooks that use the GPU.
 
-Three lanes run at once, each on its own share of the cores:
+In the first run three lanes run at once, each on its own share of the cores:
 
 - **data**: the data the measurements need (the ``ci`` data, the full-size CIFAR-100 stand-in, the COCO-format
   stand-in at photo sizes), each left as it is where it is already there and verified;
 - **GPU**: the benchmarks, one at a time, in order of value, with the GPU to themselves: the card's ceilings,
   the precision ladders at 224 and 32 px, the monitor's cost, the loaders, compilation;
-- **CPU**: meanwhile, the notebooks whose ranks are CPU processes on a one-GPU node, with the GPU hidden.
+- **CPU**: meanwhile, the notebooks whose every training runs on CPU ranks on a one-GPU node, with the GPU hidden.
 
-When the GPU lane is done, the notebooks that train on the GPU run two at a time, lowest value last. Every
-benchmark records each result the moment it exists, into a folder of its own; a result reaches
+With ``--notebooks``, the other notebooks run in the learner's one-GPU shape (the GPU visible: their single-process
+cells train on it, their ranks are CPU processes), two at a time, lowest value last. Every benchmark records
+each result the moment it exists, into a folder of its own; a result reaches
 ``benchmarks/results/`` only if no other process used the GPU while it was measured (NVML counts them),
 so that a contended timing is never recorded as a GPU figure. New work stops at ``--budget`` less 15 s and
 whatever still runs at ``--budget`` is ended (what it recorded so far is kept). The summary, one screen, gives
@@ -104,6 +106,7 @@ def claim_run_folder(out: Path | None) -> Path:
     ``-2``, ``-3``... (two copies started in the same second)."""
     if out is None:
         out = new_folder(config.runs_dir() / f"reference-{datetime.now():%Y%m%d-%H%M%S}")
+    out = out.absolute()  # the tasks run in other folders (a notebook's kernel in notebooks/)
     out.mkdir(parents=True, exist_ok=True)
     try:
         (out / "log.jsonl").open("x").close()
@@ -135,7 +138,7 @@ class Task:
     name: str
     command: list[str]  # after the Python interpreter
     lane: str  # "data", "gpu", "cpu" (GPU hidden, beside the GPU lane) or "notebooks" (after the GPU lane)
-    estimate: float  # seconds, from the H100 figures (GPU-EVIDENCE.md)
+    estimate: float  # seconds on an H200 (the reference run of 2026-11-29); a task may take three times as long
     env: dict[str, str] = field(default_factory=dict)
     needs: tuple[str, ...] = ()  # tasks that must have finished first
     ready: bool = False  # nothing to do (the data is there already)
@@ -167,8 +170,10 @@ def _notebook(number: str, out: Path) -> list[str]:
             "--output-dir", str(out / "notebooks"), "--output", path.stem, str(path)]
 
 
-def plan(dry_run: bool, out: Path, data: Path) -> list[Task]:
-    """Every task of the run, in the order of value within each lane."""
+def plan(dry_run: bool, out: Path, data: Path, notebooks: bool = False) -> list[Task]:
+    """Every task of the run, in the order of value within each lane: the benchmarks with the notebooks whose ranks
+    are CPU processes beside them, or (``notebooks``) the notebooks that use the GPU, two at a time. Each part
+    fits nine minutes on an H200; both together do not."""
     cifar, coco = data / "cifar100", data / "coco"
     workshop = {"COURSE_SIZE": "workshop"}
     if dry_run:  # the ci size on the CPU: the same lanes and benchmarks, each as small as still tells something
@@ -187,40 +192,46 @@ def plan(dry_run: bool, out: Path, data: Path) -> list[Task]:
             Task("notebook 00 (ci)", _notebook("00", out), "notebooks", 30, needs=("ci data",)),
         ]
     ci = {"COURSE_SIZE": "ci"}
-    ladder = ("--stages", "0,1,2,3,4,5", "--rounds", "5")
     tasks = [
-        Task("ci data", ["-m", "data_prep", "--size", "ci"], "data", 4),
+        Task("ci data", ["-m", "data_prep", "--size", "ci"], "data", 10),
         Task("CIFAR-100 stand-in", ["-m", "data_prep.tiny_cifar100", "--root", str(cifar), "--train", "50000",
-                                    "--test", "10000"], "data", 14),
+                                    "--test", "10000"], "data", 17),
         Task("COCO stand-in", ["-m", "data_prep.tiny_coco", "--root", str(coco), "--train", "512", "--val", "64",
-                               "--photo-sizes"], "data", 8),
-        Task("ceilings", _bench("ceilings.py"), "gpu", 10),
+                               "--photo-sizes"], "data", 5),
+    ]
+    if notebooks:  # in the learner's one-GPU shape: the GPU visible, its single-process cells train on it
+        tasks += [Task(f"notebook {n} ({size})", _notebook(n, out), "notebooks", estimate, {"COURSE_SIZE": size},
+                       ("ci data",) if size == "ci" else ("CIFAR-100 stand-in", "COCO stand-in"))
+                  for n, size, estimate in (("07", "ci", 170), ("08", "ci", 150), ("12", "ci", 90),
+                                            ("01", "workshop", 100), ("10", "workshop", 90), ("06", "workshop", 40),
+                                            ("05", "ci", 60), ("03", "workshop", 40), ("00", "workshop", 20),
+                                            ("02", "ci", 40), ("04", "ci", 40))]
+        return tasks
+    ladder = ("--stages", "0,1,2,3,4,5", "--rounds", "5")
+    tasks += [
+        Task("ceilings", _bench("ceilings.py"), "gpu", 12),
         Task("progression 224 px ResNet-50", _bench("progression.py", "--image-size", "224", "--model", "resnet50",
-                                                    "--batch-size", "128", "--steps", "20", *ladder), "gpu", 50),
+                                                    "--batch-size", "128", "--steps", "20", *ladder), "gpu", 106),
         Task("progression 224 px ResNet-152", _bench("progression.py", "--image-size", "224", "--model",
                                                      "resnet152", "--batch-size", "128", "--steps", "15",
-                                                     "--stages", "1,4", "--rounds", "5"), "gpu", 25),
+                                                     "--stages", "1,4", "--rounds", "5"), "gpu", 34),
         Task("progression 32 px batch 128", _bench("progression.py", "--image-size", "32", "--model", "resnet18",
-                                                   "--batch-size", "128", "--steps", "50", *ladder), "gpu", 12),
+                                                   "--batch-size", "128", "--steps", "50", *ladder), "gpu", 37),
         Task("progression 32 px batch 1024", _bench("progression.py", "--image-size", "32", "--model", "resnet18",
-                                                    "--batch-size", "1024", "--steps", "20", *ladder), "gpu", 10),
-        Task("monitor cost", _bench("monitor_cost.py", "--steps", "150", "--rounds", "5"), "gpu", 23),
-        Task("loaders", _bench("loaders.py", "--steps", "150", "--rounds", "3"), "gpu", 50,
+                                                    "--batch-size", "1024", "--steps", "20", *ladder), "gpu", 50),
+        Task("monitor cost", _bench("monitor_cost.py", "--steps", "150", "--rounds", "5"), "gpu", 30),
+        Task("loaders", _bench("loaders.py", "--steps", "150", "--rounds", "3"), "gpu", 85,
              needs=("CIFAR-100 stand-in",)),
         Task("progression 32 px compiled", _bench("progression.py", "--image-size", "32", "--model", "resnet18",
                                                   "--batch-size", "128", "--steps", "50", "--stages", "6,7",
-                                                  "--rounds", "5"), "gpu", 90),
-        Task("memory ladder, one GPU", _bench("memory_ladder.py", "--one-gpu"), "gpu", 15, workshop),
-        Task("detector s/it, one GPU", _bench("detection.py", "--one-gpu", "--steps", "100"), "gpu", 45, workshop,
+                                                  "--rounds", "5"), "gpu", 70),
+        Task("memory ladder, one GPU", _bench("memory_ladder.py", "--one-gpu"), "gpu", 25, workshop),
+        Task("detector s/it, one GPU", _bench("detection.py", "--one-gpu", "--steps", "100"), "gpu", 31, workshop,
              ("COCO stand-in",)),
     ]
-    tasks += [Task(f"notebook {n} (ci, CPU ranks)", _notebook(n, out), "cpu", 50, {**ci, **HIDDEN_GPU},
-                   ("ci data",)) for n in ("11", "09", "08", "07")]
-    tasks += [Task(f"notebook {n} (workshop)", _notebook(n, out), "notebooks", estimate, workshop,
-                   ("CIFAR-100 stand-in", "COCO stand-in"))
-              for n, estimate in (("00", 10), ("01", 40), ("03", 40), ("06", 40), ("10", 90))]
-    tasks += [Task(f"notebook {n} (ci)", _notebook(n, out), "notebooks", 40, ci, ("ci data",))
-              for n in ("05", "02", "04")]
+    # Beside the GPU lane, the GPU hidden: the notebooks whose every training runs on CPU ranks in a one-GPU shape.
+    tasks += [Task(f"notebook {n} (ci, CPU ranks)", _notebook(n, out), "cpu", estimate, {**ci, **HIDDEN_GPU},
+                   ("ci data",)) for n, estimate in (("11", 120), ("09", 100))]
     return tasks
 
 
@@ -425,10 +436,12 @@ def summary(tasks: list[Task], device: str, elapsed: float, budget: float, desti
                   "  never started: " + (", ".join(never) or "nothing"), ""]
     alone = ("with the GPU to itself (no other process on it, counted by NVML)" if counted else
              "with no other task of this run on the GPU (other users' processes cannot be counted here: no NVML)")
-    lines.append(f"GPU figures, each measured {alone}:" if device != "CPU" else
-                 "Benchmarks on the CPU (a dry run: CPU figures at tiny sizes, not GPU figures; the goals are the "
-                 "GPU's):")
-    for task in (t for t in tasks if t.lane == "gpu"):
+    benchmarks = [t for t in tasks if t.lane == "gpu"]  # none in the notebooks' run
+    if benchmarks:
+        lines.append(f"GPU figures, each measured {alone}:" if device != "CPU" else
+                     "Benchmarks on the CPU (a dry run: CPU figures at tiny sizes, not GPU figures; the goals are the "
+                     "GPU's):")
+    for task in benchmarks:
         time_text = f" after {task.seconds:.0f} s" if task.seconds is not None else ""
         lines.append(f"- {task.name}: {task.status}{time_text}" + (f" ({task.note})" if task.note else ""))
         for path in task.results:
@@ -463,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="the ci size on the CPU, GPU hidden; records into "
                                                               "the run folder only")
+    parser.add_argument("--notebooks", action="store_true", help="the second run: the notebooks that use the GPU, "
+                                                                 "two at a time (the first records the benchmarks)")
     parser.add_argument("--budget", type=float, default=None, help="seconds in all (default 540, nine minutes; "
                                                                    "300 for a dry run)")
     parser.add_argument("--out", type=Path, default=None,
@@ -489,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "COURSE_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1", "COURSE_SIZE": "workshop"}
     if args.dry_run:
         env.update(HIDDEN_GPU, COURSE_SIZE="ci")
-    tasks = plan(args.dry_run, out, data)
+    tasks = plan(args.dry_run, out, data, args.notebooks)
     try:
         found = probe(sys.executable, env)
     except subprocess.CalledProcessError as error:

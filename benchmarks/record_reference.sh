@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Record the course's reference results on the GPU node this runs on, in at most nine minutes:
+# Record the course's reference results on the GPU node this runs on, in two runs of at most nine minutes each:
 #
-#   benchmarks/record_reference.sh              # on a GPU node (an H100, an MI250X GCD on LUMI, ...)
+#   benchmarks/record_reference.sh              # on a GPU node (an H100, an MI250X GCD on LUMI, ...): the benchmarks
+#   benchmarks/record_reference.sh --notebooks  # then the notebooks that use the GPU
 #   benchmarks/record_reference.sh --dry-run    # the same plan at the ci size on the CPU (CI runs it)
 #
 # It uses $PYTHON where it is set, else the checkout's .venv where there is one, else python3 (inside LUMI's container, the

@@ -196,3 +196,13 @@ def test_a_run_that_sets_what_the_comparison_sets_is_refused_by_name_before_any_
     assert str(refused.value) == (f"variant 'tp, its own' sets {option}, which the experiment sets for every run: "
                                   f"{option}: {model_parallel.SET_FOR_EVERY_RUN[option]}")
     assert not list(tmp_path.iterdir())
+
+
+def test_the_ranks_find_what_the_notebooks_pythonpath_holds(tmp_path):
+    """A module system or a container can reach PyTorch or the course's package through ``PYTHONPATH``: the ranks
+    of a notebook's script see the script's folder first, then every entry the notebook had."""
+    script = tmp_path / "scripts" / "tp_by_hand.py"
+    entries = "/opt/site-packages:/project/course/src"
+    assert model_parallel.script_environment(script, {"PYTHONPATH": entries}) == {
+        "PYTHONPATH": f"{script.parent}:{entries}"}
+    assert model_parallel.script_environment(script, {}) == {"PYTHONPATH": str(script.parent)}

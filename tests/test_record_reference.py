@@ -300,3 +300,32 @@ def test_a_run_folder_that_holds_a_run_or_cannot_be_written_is_refused_before_an
         assert result.returncode == 2 and said in result.stderr and "nothing was run" in result.stderr
         assert "Traceback" not in result.stderr, result.stderr
     assert (taken / "log.jsonl").read_text() == "an earlier run's log\n"
+
+
+def test_every_notebook_runs_in_one_of_the_two_runs_each_of_which_fits_its_budget(tmp_path):
+    """The benchmarks' run hides the GPU from the notebooks beside it, so it holds only those whose every training
+    runs on CPU ranks; the others (07 and 08 also train in the notebook's own process) run with the GPU visible in
+    the second run. Each run's estimates (an H200's seconds) fit the default nine minutes."""
+    recorder = _orchestrator()
+    benchmarks = recorder.plan(False, tmp_path, tmp_path / "data")
+    notebooks = recorder.plan(False, tmp_path, tmp_path / "data", notebooks=True)
+    planned = [re.match(r"notebook (\d\d) ", task.name).group(1) for task in benchmarks + notebooks
+               if task.name.startswith("notebook")]
+    shipped = sorted(path.name[:2] for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert sorted(planned) == shipped  # each once
+    hidden = {task.name[9:11] for task in benchmarks if task.env.get("CUDA_VISIBLE_DEVICES") == ""}
+    assert hidden == {"09", "11"}
+    assert not any(task.env.get("CUDA_VISIBLE_DEVICES") == "" for task in notebooks)
+    lane_seconds = {lane: sum(t.estimate for t in benchmarks if t.lane == lane) for lane in ("data", "gpu", "cpu")}
+    usable = 540 - recorder.GRACE_SECONDS
+    assert lane_seconds["data"] + max(lane_seconds["gpu"], lane_seconds["cpu"]) <= usable, lane_seconds
+    two_at_a_time = sum(t.estimate for t in notebooks if t.lane == "notebooks") / 2
+    assert sum(t.estimate for t in notebooks if t.lane == "data") + two_at_a_time <= usable
+
+
+def test_a_relative_run_folder_is_the_same_folder_for_every_task(tmp_path, monkeypatch):
+    """A notebook's kernel runs in notebooks/: a run folder given as ``--out runs/ref`` is made absolute first, so
+    that its notebooks' runs and results land in it, not in a folder of that name under notebooks/."""
+    monkeypatch.chdir(tmp_path)
+    folder = _orchestrator().claim_run_folder(Path("runs") / "ref")
+    assert folder == tmp_path / "runs" / "ref" and (folder / "log.jsonl").is_file()

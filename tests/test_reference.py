@@ -1,3 +1,7 @@
+import json
+
+import numpy as np
+
 from course_utils import config
 from course_utils.experiments import reference
 
@@ -7,7 +11,12 @@ def test_recorded_rows_come_back_with_device_date_and_data(tmp_path, monkeypatch
     path = reference.record("baseline", [{"model": "small_cnn", "images_per_second": 123.0}], "Test GPU 80GB",
                             "official CIFAR-100")
     assert path.parent == tmp_path and path.name.startswith("baseline-test-gpu-80gb-")
-    other = reference.record("loop_overhead", [{"overhead_percent": float("nan")}], "CPU", reference.SYNTHETIC)
+    # NumPy's scalars as a benchmark's rows hold them (a comparison of two measurements is a numpy.bool)
+    other = reference.record("loop_overhead", [{"overhead_percent": float("nan"), "spread": np.float32("nan"),
+                                                "graphs_replayed": np.bool_(True), "steps": np.int64(50)}], "CPU",
+                             reference.SYNTHETIC)
+    row = json.loads(other.read_text())["rows"][0]
+    assert row == {"overhead_percent": None, "spread": None, "graphs_replayed": True, "steps": 50}
     assert '"overhead_percent": null' in other.read_text()  # strict JSON: no NaN
     table = reference.table("baseline")
     assert list(table["model"]) == ["small_cnn"] and table["device"][0] == "Test GPU 80GB"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,13 @@ def start_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 
     failure."""
     script = Path(script).resolve()
     return launch(ranks, script.stem, *args, log_dir=script.parent / f"{script.stem}-logs",
-                  timeout_seconds=timeout_seconds, env={"PYTHONPATH": str(script.parent)}, outputs=outputs)
+                  timeout_seconds=timeout_seconds, env=script_environment(script), outputs=outputs)
+
+
+def script_environment(script: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The ranks' ``PYTHONPATH``: the script's folder (torchrun starts it as a module), then the notebook's own
+    entries, which a module system or a container may use to reach PyTorch or the course's package."""
+    return {"PYTHONPATH": os.pathsep.join([str(Path(script).parent), *filter(None, [environ.get("PYTHONPATH")])])}
 
 
 def run_script(ranks: int, script: Path, *args: str, timeout_seconds: float = 120,

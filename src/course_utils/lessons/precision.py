@@ -120,7 +120,7 @@ def recorded_reading(rows: pd.DataFrame) -> str:
                 apart.append(row["stage"])
             else:
                 others.append(row["stage"])
-        pixels = f", {base['image_size']} px" if base.get("image_size") else ""
+        pixels = f", {float(base['image_size']):g} px" if base.get("image_size") else ""  # a float where rows lack it
         line = (f"- **{device}** ({date}; {base.get('model')}, batch {base.get('batch_size')}{pixels}, "
                 f"{base.get('rounds')} rounds): fp32 at {base['images_per_second']:.0f} images/s, MFU "
                 f"{base['mfu']:.2f}. Measurably faster than fp32: {', '.join(faster) or 'no stage'}")

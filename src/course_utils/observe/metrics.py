@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from course_utils.atomic_files import write_text_atomic
 from course_utils.observe.noise import Measurement
 from course_utils.observe.tensorboard import EVENTS_PREFIX, EventFile
@@ -26,12 +28,15 @@ if TYPE_CHECKING:
 
 
 def json_safe(value: Any) -> Any:
-    """JSON has no NaN or Infinity; write None instead so every reader can parse the file."""
+    """JSON has no NaN or Infinity; write None instead so every reader can parse the file. NumPy's scalars (a
+    ``numpy.bool`` from comparing two measurements, say), which ``json`` refuses, are written as Python's."""
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
 

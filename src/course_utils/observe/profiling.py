@@ -10,6 +10,7 @@ trace the marks cost nothing.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gzip
 import json
@@ -50,6 +51,31 @@ def trace_events(trace_file: Path) -> list[dict]:
     with (gzip.open if trace_file.suffix == ".gz" else open)(trace_file, "rb") as stream:
         trace = json.load(stream)
     return [event for event in trace["traceEvents"] if event.get("ph") == "X" and "dur" in event]
+
+
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the device's own events in a trace
+LAUNCHES = ("cuda_runtime", "cuda_driver")  # the host's calls that start them (HIP's too, in a ROCm trace)
+
+
+def device_ms_by_phase(events: list[dict], phases: tuple[str, ...] = PHASES) -> dict[str, float]:
+    """The device's time in each phase, each kernel (copy, fill) counted in the phase whose range on the host was
+    open when the host launched it, on whichever thread: on a GPU the backward pass launches its kernels from
+    autograd's own thread, outside the event tree of the main thread's ``backward`` range, where the profiler's
+    per-range device totals would give it none. A kernel and its launch share a ``correlation`` id."""
+    windows = sorted((e["pid"], float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in events
+                     if e.get("cat") == "user_annotation" and e.get("name") in phases)
+    starts = [(pid, start) for pid, start, _, _ in windows]
+    launched = {e["args"]["correlation"]: (e["pid"], float(e["ts"])) for e in events
+                if e.get("cat") in LAUNCHES and "correlation" in e.get("args", {})}
+    totals = dict.fromkeys(phases, 0.0)
+    for event in events:
+        launch = launched.get(event.get("args", {}).get("correlation")) if event.get("cat") in DEVICE_WORK else None
+        if launch is None:
+            continue
+        index = bisect.bisect_right(starts, launch) - 1  # the last range of that process opened before the launch
+        if index >= 0 and windows[index][0] == launch[0] and launch[1] <= windows[index][2]:
+            totals[windows[index][3]] += float(event["dur"]) / 1000
+    return totals
 OPERATORS_FILE = "operators.csv"
 PHASES_FILE = "phases.csv"
 
@@ -119,7 +145,7 @@ def start_trace(out_dir: Path, plan: TraceSchedule, device: torch.device) -> pro
         finally:
             shutil.rmtree(private, ignore_errors=True)
         write_text_atomic(out_dir / OPERATORS_FILE, top_operators(prof, count=50).to_csv(index=False))
-        write_text_atomic(out_dir / PHASES_FILE, phase_split(prof).to_csv(index=False))
+        write_text_atomic(out_dir / PHASES_FILE, phase_split(prof, out_dir / TRACE_FILE).to_csv(index=False))
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     prof = profile(activities=activities,
@@ -127,10 +153,6 @@ def start_trace(out_dir: Path, plan: TraceSchedule, device: torch.device) -> pro
                    on_trace_ready=on_trace_ready, record_shapes=True, profile_memory=False)
     prof.start()
     return prof
-
-
-def _device_total(event) -> float:
-    return getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
 
 
 def host_events(prof: profile) -> list:
@@ -155,19 +177,20 @@ def top_operators(prof: profile, count: int = 15) -> pd.DataFrame:
     return table.sort_values(order, ascending=False).head(count).reset_index(drop=True)
 
 
-def phase_split(prof: profile) -> pd.DataFrame:
+def phase_split(prof: profile, trace_file: Path) -> pd.DataFrame:
     """Time in each phase range over the recorded iterations, on both clocks, and each one's share.
 
     The host clock (``cpu_ms``) is the wall time the training process spent in the range, waiting
-    for the next batch included; the device clock (``device_ms``) is kernel time. Waiting for data
-    launches no kernel, so only the host clock shows an input-bound run, on a GPU as on a CPU;
-    the device clock shows where the GPU's own work goes.
+    for the next batch included; the device clock (``device_ms``) is kernel time, read from the profile's
+    exported ``trace_file`` (:func:`device_ms_by_phase`). Waiting for data launches no kernel, so only the host
+    clock shows an input-bound run, on a GPU as on a CPU; the device clock shows where the GPU's own work goes.
     """
     import pandas as pd
 
     events = {e.key: e for e in host_events(prof) if e.key in PHASES}
+    device_ms = device_ms_by_phase(trace_events(trace_file))
     rows = [{"phase": name, "calls": events[name].count, "cpu_ms": events[name].cpu_time_total / 1000,
-             "device_ms": _device_total(events[name]) / 1000} for name in PHASES if name in events]
+             "device_ms": device_ms[name]} for name in PHASES if name in events]
     table = pd.DataFrame(rows)
     if not table.empty:
         table["host_share_percent"] = 100 * table["cpu_ms"] / table["cpu_ms"].sum()
