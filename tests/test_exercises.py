@@ -1,9 +1,10 @@
 """Every code exercise of the notebooks works: its committed cell leaves the check "not yet", and the
 collapsed solution, put in its place, makes the check say "done". The cells run as a learner runs them, in
 one Jupyter kernel: the notebook's first code cell (its imports), the cells the exercises need (tagged
-``exercise-context``), the exercise or its solution, and the check. Then the checks of 01-05 are fed what
-learners do to the exercise cell: right answers written other ways and typical wrong edits, each of which
-must get "Not yet" and a hint about what it did; and every exercise has two staged hints before its solution."""
+``exercise-context``), the exercise and the check, then the solution and the check again. Then the checks of
+01-05 are fed what learners do to the exercise cell: right answers written other ways and typical wrong edits,
+each of which must get "Not yet" and a hint about what it did; and every exercise has two staged hints before
+its solution."""
 
 import json
 import re
@@ -39,19 +40,24 @@ def _exercises() -> list[tuple[Path, str]]:
     return found
 
 
-def _run(notebook: Path, number: str, solved: bool) -> str:
-    """The check's output after the exercise cell, or its solution, ran in a fresh kernel."""
+def _run(notebook: Path, number: str) -> tuple[str, str]:
+    """The check's output after the committed exercise cell ran, then after its solution ran in its place, in one
+    fresh kernel: a learner runs the cell as it is, reads "not yet", edits it and runs it and the check again."""
     cells = json.loads(notebook.read_text())["cells"]
     first = next(cell for cell in cells if cell["cell_type"] == "code")
     solution = dict(SOLUTION.findall("".join(_source(c) for c in cells if c["cell_type"] == "markdown")))[number]
     exercise = _source(_tagged(cells, f"exercise-{number}")[0])
+    check = _source(_tagged(cells, f"check-{number}")[0]) + "\ncheck.done"
     sources = [_source(first)] + [_source(cell) for cell in _tagged(cells, "exercise-context")]
-    sources += [solution if solved else exercise, _source(_tagged(cells, f"check-{number}")[0]) + "\ncheck.done"]
+    sources += [exercise, check, solution, check]
     built = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
     NotebookClient(built, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}}
                    ).execute()
-    outputs = built.cells[-1].outputs
-    return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs
+    return _said(built.cells[-3]), _said(built.cells[-1])
+
+
+def _said(cell) -> str:
+    return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in cell.outputs
                    if o.get("name") != "stderr")  # PyTorch's warnings are not the check's verdict
 
 
@@ -63,10 +69,9 @@ def test_every_notebook_from_01_to_05_has_a_code_exercise():
 @pytest.mark.parametrize("notebook, number", _exercises(), ids=lambda value: getattr(value, "stem", value))
 def test_the_solution_does_what_the_exercise_asks_and_the_committed_cell_does_not(notebook, number, monkeypatch):
     monkeypatch.setenv("COURSE_SIZE", "ci")
-    solved = _run(notebook, number, solved=True)
-    assert solved.startswith("Done: ") and solved.rstrip().endswith("True"), solved
-    untouched = _run(notebook, number, solved=False)
+    untouched, solved = _run(notebook, number)
     assert untouched.startswith("Not yet: ") and untouched.rstrip().endswith("False"), untouched
+    assert solved.startswith("Done: ") and solved.rstrip().endswith("True"), solved
 
 
 # What learners do to the exercise cells of 01-05, fed to the checks in this process: the notebook's cell with
