@@ -18,18 +18,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
-import torch
 
-from course_utils.data import generated_coco
-from course_utils.data.generated_cifar100 import generate
-from course_utils.lessons import cloud_vms
-from course_utils.parallel import process_group
-from course_utils.parallel.launch import LaunchResult, launch
-from course_utils.run_folder import RunFolder
-from course_utils.training import checkpoint
+# PyTorch and the course's modules are imported in the fixtures that use them: pytest-xdist's controller loads this
+# file too and runs no test, and their imports (7 s of CPU) would delay the start of every worker.
+if TYPE_CHECKING:
+    import torch
+
+    from course_utils.parallel.launch import LaunchResult
 
 Made = TypeVar("Made")
 
@@ -53,6 +51,8 @@ def _once_per_run(factory: pytest.TempPathFactory, name: str, make: Callable[[Pa
 
 
 def _tiny_cifar100(folder: Path) -> Path:
+    from course_utils.data.generated_cifar100 import generate
+
     generate(folder, train=600, test=200, seed=0)
     return folder
 
@@ -66,6 +66,8 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ci size's tiny COCO-format set (its default size and seed) shared by the whole run; do not modify."""
+    from course_utils.data import generated_coco
+
     return _once_per_run(tmp_path_factory, "tiny-coco", lambda folder: generated_coco.generate(folder / "coco"))
 
 
@@ -79,6 +81,8 @@ def quick(tiny_root: Path, tmp_path: Path) -> dict:
 @pytest.fixture
 def free_port() -> int:
     """A TCP port nobody listens on right now, for a rendezvous the test sets up itself."""
+    from course_utils.parallel import process_group
+
     return process_group.free_port()
 
 
@@ -110,14 +114,21 @@ def small_disk(tmp_path: Path) -> Iterator[Callable[..., Path]]:
 def two_cloud_nodes(tmp_path: Path, free_port: int) -> Callable[[list[str]], dict[str, Any]]:
     """``two_cloud_nodes(args)``: ``jobs/cloud/run_node.sh ARGS --out OUT`` started twice, as two VMs with one process
     each that meet through c10d on this machine; returns the run's summary after both ended well."""
+    from course_utils.lessons import cloud_vms
+
     return lambda args: cloud_vms.local_vms(2, tmp_path / "run", "--size", "ci", *args, port=free_port, timeout=300)
 
 
 def _weights(out: Path | str) -> dict[str, torch.Tensor]:
+    from course_utils.run_folder import RunFolder
+    from course_utils.training import checkpoint
+
     return checkpoint.load(RunFolder(out).last_checkpoint)["model"]
 
 
 def _summary(out: Path | str) -> dict[str, Any]:
+    from course_utils.run_folder import RunFolder
+
     return RunFolder(out).read_summary()
 
 
@@ -171,6 +182,8 @@ class SelfCheck:
 
 
 def _self_check(folder: Path) -> SelfCheck:
+    from course_utils.parallel.launch import launch
+
     streamed = io.StringIO()
     temporary = Path(tempfile.gettempdir())  # this worker's own: no other launch runs in it meanwhile
     before = set(temporary.glob("torchrun-*"))

@@ -76,6 +76,8 @@ def device_ms_by_phase(events: list[dict], phases: tuple[str, ...] = PHASES) -> 
         if index >= 0 and windows[index][0] == launch[0] and launch[1] <= windows[index][2]:
             totals[windows[index][3]] += float(event["dur"]) / 1000
     return totals
+
+
 OPERATORS_FILE = "operators.csv"
 PHASES_FILE = "phases.csv"
 
