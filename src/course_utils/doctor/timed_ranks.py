@@ -27,15 +27,18 @@ from course_utils import devices
 from course_utils.atomic_files import write_text_atomic
 from course_utils.parallel import process_group
 
-IMAGES = 16  # per rank and step: little compute, whose jitter on a busy machine would hide a slowed loader
+# Per rank and step, with the model below: a few milliseconds of compute on one CPU core. A longer step would be
+# stretched whenever another program shares the rank's core, and on a busy machine one of two alike ranks would
+# then be "the straggler", by the CPU it was given rather than by anything it did.
+IMAGES = 16
 RECORD = "rank-{rank}.json"
 # Each step's parts, as each rank records them: waiting for data, computing, the all-reduce.
 PARTS = ("data_seconds", "compute_seconds", "collective_seconds")
 
 
 def _model() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, stride=2, padding=1),
-                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 100))
+    return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(16, 100))
 
 
 class SlowCollate:
