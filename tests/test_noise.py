@@ -102,3 +102,15 @@ def test_two_rounds_each_give_no_verdict_but_say_when_every_round_lay_apart():
     assert compare(Measurement.of([30]), Measurement.of([10, 12])).apart == ""  # one round is not a range
     seconds = Measurement.of([0.5, 0.25]).inverse()  # rates from times: the extremes swap
     assert (seconds.lowest, seconds.highest) == (2.0, 4.0)
+
+
+def test_a_small_difference_told_apart_is_printed_with_the_digits_that_show_it():
+    """Steady timings 0.5 % apart with a tighter spread: "faster", and the figures say so ("1.005x, the spreads
+    allow 1.003-1.007x"), where two decimals read "1.00x ... 1.00-1.01x: faster"."""
+    tight = [100 + offset / 100 for offset in range(-5, 6)]
+    verdict = compare(Measurement.of([value * 1.005 for value in tight]), Measurement.of(tight))
+    assert verdict.verdict == FASTER
+    assert "**1.005x**, the spreads allow 1.004-1.006x: **faster**" in verdict.sentence(), verdict.sentence()
+    assert "**1.05x**, the spreads allow" in compare(Measurement.of([value * 1.05 for value in tight]),
+                                                     Measurement.of(tight)).sentence()
+    assert "**1.00x**" in compare(Measurement.of(tight), Measurement.of(tight)).sentence()  # alike: two decimals

@@ -329,3 +329,14 @@ def test_a_relative_run_folder_is_the_same_folder_for_every_task(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     folder = _orchestrator().claim_run_folder(Path("runs") / "ref")
     assert folder == tmp_path / "runs" / "ref" and (folder / "log.jsonl").is_file()
+
+
+def test_a_dry_run_of_the_notebooks_run_is_refused_before_anything_runs(tmp_path, capsys):
+    """``--dry-run --notebooks`` ran the benchmarks' dry plan, the flag unread: it is refused, and says why."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as refused:
+        _orchestrator().main(["--dry-run", "--notebooks", "--out", str(out)])
+    assert refused.value.code == 2
+    said = capsys.readouterr().err
+    assert "--notebooks has no dry run" in said and "run --dry-run alone" in said, said
+    assert not out.exists()

@@ -114,8 +114,9 @@ class Comparison:
 
     def sentence(self) -> str:
         """The verdict in words, with the figures it rests on."""
-        interval = "" if math.isnan(self.low) else f", the spreads allow {self.low:.2f}-{self.high:.2f}x"
-        figures = f"**{self.ratio:.2f}x**{interval}"
+        digits = _digits_apart_from_one(self)
+        interval = "" if math.isnan(self.low) else f", the spreads allow {self.low:.{digits}f}-{self.high:.{digits}f}x"
+        figures = f"**{self.ratio:.{digits}f}x**{interval}"
         if self.verdict == DISTURBED:
             return (f"{figures}: outside what the work allows ({bound_text(self.bound)}{': ' if self.why else ''}"
                     f"{self.why}). A **disturbed measurement**, not a finding. {DISTURBED_CAUSE}.")
@@ -154,6 +155,15 @@ def compare(first: Measurement, second: Measurement, bound: tuple[float, float] 
     apart = (FASTER if samples and first.lowest > second.highest else
              SLOWER if samples and first.highest < second.lowest else "")
     return Comparison(ratio, low, high, verdict, bound, why, words, apart)
+
+
+def _digits_apart_from_one(comparison: Comparison) -> int:
+    """Two decimals, or as many more (up to four) as a verdict of faster or slower needs for its interval not to
+    read as touching 1 ("1.00-1.01x: faster" where the spreads allow 1.002-1.009x)."""
+    if comparison.verdict not in (FASTER, SLOWER) or math.isnan(comparison.low):
+        return 2
+    nearest = comparison.low if comparison.verdict == FASTER else comparison.high
+    return next((digits for digits in (2, 3) if round(nearest, digits) != 1), 4)
 
 
 def bound_text(bound: tuple[float, float] | None) -> str:
