@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="data root (default $COURSE_DATA_DIR, else stand-in/ in the checkout)")
     args = parser.parse_args(argv)
-    if args.dry_run and args.notebooks:  # the dry run tries the benchmarks' plan; it would run these as any other
+    if args.dry_run and args.notebooks:  # plan() has one dry plan, the benchmarks': the flag would go unread
         parser.error("--notebooks has no dry run: on the CPU every notebook already runs at the ci size in "
                      "`make test` (nbval); run --dry-run alone to try the benchmarks' plan")
     stop = Stop()

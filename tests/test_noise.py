@@ -106,7 +106,7 @@ def test_two_rounds_each_give_no_verdict_but_say_when_every_round_lay_apart():
 
 def test_a_small_difference_told_apart_is_printed_with_the_digits_that_show_it():
     """Steady timings 0.5 % apart with a tighter spread: "faster", and the figures say so ("1.005x, the spreads
-    allow 1.003-1.007x"), where two decimals read "1.00x ... 1.00-1.01x: faster"."""
+    allow 1.004-1.006x"), where two decimals read "1.00x ... 1.00-1.01x: faster"."""
     tight = [100 + offset / 100 for offset in range(-5, 6)]
     verdict = compare(Measurement.of([value * 1.005 for value in tight]), Measurement.of(tight))
     assert verdict.verdict == FASTER
