@@ -1,7 +1,7 @@
 """Shared fixtures: a small generated CIFAR-100 and COCO-format set, quick training options, readers of a run
 folder, a free port, a small or read-only file system, the cloud recipe run as two 'VMs' on this machine, the
-one torchrun self-check and the one FSDP run of the whole run (shared by pytest-xdist's workers), and a command run
-to its end with the seconds it outlived its last line."""
+one torchrun self-check and the one DDP and one FSDP run of the whole run (shared by pytest-xdist's workers), and
+a command run to its end with the seconds it outlived its last line."""
 
 from __future__ import annotations
 
@@ -156,6 +156,20 @@ def fsdp_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     """The sharding tests' run (``tests/sharded_runs.py``) with FSDP on 2 gloo ranks, 4 steps, sharded checkpoints
     at steps 2 and 4: launched once for the run; read it, or copy it before changing it."""
     result, out = _once_per_run(tmp_path_factory, "fsdp", lambda folder: _launched_fsdp_run(tiny_root, folder))
+    assert result.ok, "\n".join(result.lines[-30:])
+    return result, out
+
+
+@pytest.fixture(scope="session")
+def ddp_run(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[LaunchResult, Path]:
+    """The same run as ``fsdp_run`` with DDP on 2 gloo ranks, 4 steps: what FSDP must train like, what one process
+    with the doubled batch must equal, and whose ranks' memory the forecast must predict; launched once for the run."""
+    import sharded_runs
+
+    def launched(folder: Path) -> tuple[LaunchResult, Path]:
+        return sharded_runs.launched(2, tiny_root, folder / "run", distributed="ddp"), folder / "run"
+
+    result, out = _once_per_run(tmp_path_factory, "ddp", launched)
     assert result.ok, "\n".join(result.lines[-30:])
     return result, out
 

@@ -1,6 +1,7 @@
-"""The short deterministic run the sharding tests share (``test_fsdp.py``, ``test_faults_at_scale.py``): a
-BatchNorm-free model, no augmentation, no workers, a loss every step. One FSDP run of it is launched once per
-session (the ``fsdp_run`` fixture); a run that resumes it must repeat these options. One copy of it, its newer
+"""The short deterministic run the sharding tests share (``test_fsdp.py``, ``test_faults_at_scale.py``,
+``test_ddp.py``, ``test_memory_forecast.py``): a BatchNorm-free model, no augmentation, no workers, a loss every
+step. One FSDP run and one DDP run of it are launched once per session (the ``fsdp_run`` and ``ddp_run``
+fixtures); a run that resumes it must repeat these options. One copy of it, its newer
 checkpoints damaged each in a way of its own, is resumed once per session (the ``fsdp_resumed_past_damage``
 fixture)."""
 

@@ -48,3 +48,12 @@ def test_coco_data_has_its_own_folder_and_command_per_size(monkeypatch, tmp_path
     with pytest.raises(ValueError, match="unknown data set 'voc'; choose one of: cifar100, coco"):
         config.data_dir(ci, "voc")
 
+
+
+def test_a_ci_measurement_of_two_ranks_stays_within_one_epoch():
+    """Every step of a throughput measurement of 06-10 is a training step: at ci the two CPU ranks' epoch holds
+    them all, so no evaluation or loader restart falls among the timed steps."""
+    from course_utils.experiments.runs import measured_steps
+
+    ci = config.SIZES["ci"]
+    assert measured_steps("ci") <= ci.train_samples // (2 * ci.batch_size)

@@ -4,6 +4,7 @@ import json
 import threading
 
 import pytest
+import sharded_runs
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -35,23 +36,18 @@ def _ddp(tiny_root, out, **extra):
     return result
 
 
-@pytest.fixture(scope="module")
-def ddp_run(tiny_root, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp") / "run"
-    return _ddp(tiny_root, out, batch_size=16), out
-
-
 @pytest.mark.oldest
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_on_two_ranks_equals_one_process_with_the_doubled_batch(ddp_run, tiny_root, tmp_path, run_weights):
+    """The session's DDP run (conftest.py: batch 16 on each rank) against one process at batch 32."""
     _, out = ddp_run
-    single = _single(tiny_root, tmp_path / "single", batch_size=32)
+    single = train(**sharded_runs.options(tiny_root, tmp_path / "single", batch_size=32))
     ddp, one = run_weights(out), run_weights(tmp_path / "single")
-    assert single["steps"] == 6
+    assert single["steps"] == 4
     for name in one:
         torch.testing.assert_close(ddp[name], one[name], rtol=1e-5, atol=1e-6)
-    torch.manual_seed(3)
+    torch.manual_seed(5)
     start = models.build("small_cnn_gn").state_dict()  # the weights before training: they did move
     assert any(not torch.allclose(ddp[name], start[name]) for name in ddp)
 
@@ -64,10 +60,10 @@ def test_each_rank_runs_its_share_and_rank_zero_writes(ddp_run, run_summary):
     summary = run_summary(out)
     assert summary["world_size"] == 2 and summary["global_batch_size"] == 32
     ranks = result.per_rank
-    assert list(ranks["rank"]) == [0, 1] and list(ranks["steps"]) == [6, 6]
-    assert list(ranks["images"]) == [96, 96]
-    # 512 samples over 2 ranks at batch 16: 16 iterations per epoch each, half of one process's 32 at that batch.
-    assert summary["steps_per_epoch"] == 16
+    assert list(ranks["rank"]) == [0, 1] and list(ranks["steps"]) == [4, 4]
+    assert list(ranks["images"]) == [64, 64]
+    # 256 samples over 2 ranks at batch 16: 8 iterations per epoch each, half of one process's 16 at that batch.
+    assert summary["steps_per_epoch"] == 8
     assert len(list(run.tensorboard.glob("events.*"))) == 1  # rank 0's alone
     epoch = [json.loads(line) for line in run.metrics.read_text().splitlines()][-1]
     assert [r["rank"] for r in epoch["ranks"]] == [0, 1]

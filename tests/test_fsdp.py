@@ -34,10 +34,9 @@ def _sharded_weights(folder, tmp_path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.oldest
-def test_fsdp_trains_like_ddp_and_each_rank_holds_half_the_model(fsdp_run, tiny_root, tmp_path, run_weights):
+def test_fsdp_trains_like_ddp_and_each_rank_holds_half_the_model(fsdp_run, ddp_run, tmp_path, run_weights):
     result, out = fsdp_run
-    ddp = tmp_path / "ddp"
-    _launch(2, tiny_root, ddp, distributed="ddp")
+    ddp = ddp_run[1]
     assert len(_step_losses(out)) == 4
     assert _step_losses(out) == pytest.approx(_step_losses(ddp), rel=1e-5)
     sharded = checkpoint.candidates(RunFolder(out).checkpoints)[0]

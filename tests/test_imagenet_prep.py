@@ -5,12 +5,14 @@ import os
 import shutil
 import tarfile
 
+import pandas as pd
 import pytest
 import torchvision.datasets.imagenet as torchvision_imagenet
 from torchvision.datasets import ImageFolder
 
 from course_utils.data import generated_imagenet
 from course_utils.data.cifar import file_md5
+from course_utils.run_folder import RunFolder
 from data_prep import imagenet
 
 
@@ -169,12 +171,21 @@ def test_command_line_errors_are_one_line(archives, tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_cloud_recipe_trains_two_nodes_on_the_extracted_tiny_imagenet(archives, sums, tmp_path, two_cloud_nodes):
-    """The CI half of the one-VM-against-two-VMs experiment: two torchrun agents meet through c10d like two VMs."""
+    """The CI half of the one-VM-against-two-VMs experiment: two torchrun agents meet through c10d like two VMs
+    (jobs/cloud/run_node.sh, each started as a VM starts it), and each node samples its own devices."""
     root = _prepare(archives, tmp_path / "imagenet", sums)
     summary = two_cloud_nodes(["--data", "imagefolder", "--data-dir", str(root), "--device", "cpu", "--workers", "0",
-                               "--max-steps", "3", "--batch-size", "4"])
+                               "--max-steps", "3", "--batch-size", "4", "--monitor", "cpu",
+                               "--monitor-interval", "0.05"])
     assert summary["world_size"] == 2 and [r["steps"] for r in summary["per_rank"]] == [3, 3]
     assert summary["config"]["data"] == "imagefolder"
+    # Each "VM" is a node of its own (c10d numbered them), and each node's first process sampled it.
+    assert sorted(r["node_rank"] for r in summary["per_rank"]) == [0, 1]
+    nodes = summary["node_utilization"]
+    assert [node["node_rank"] for node in nodes] == [0, 1] and all(node["backend"] == "cpu" for node in nodes)
+    assert all(0 <= node["utilization_percent"] <= 100 for node in nodes)
+    run = RunFolder(summary["out"])
+    assert len(pd.read_csv(run.monitor)) > 0 and len(pd.read_csv(run.node_monitor(1))) > 0
 
 
 def test_the_tiny_set_from_the_command_line_goes_through_the_same_path(tmp_path, capsys):

@@ -1,5 +1,5 @@
-"""Job scripts must be valid bash and call the course's entry point with flags it knows; the cloud
-recipe runs for real as two 'VMs' on this machine."""
+"""Job scripts must be valid bash and call the course's entry point with flags it knows; the cloud recipe's
+failures are told (its run for real as two 'VMs' on this machine is test_imagenet_prep.py's)."""
 
 import os
 import pwd
@@ -13,13 +13,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from course_utils.config import checkout_root
 from course_utils.doctor.allreduce import build_parser as allreduce_parser
 from course_utils.doctor.interconnect_health import build_parser as health_parser
-from course_utils.run_folder import RunFolder
 from course_utils.training.options import build_parser as train_parser
 
 SCRIPTS = sorted(p for p in (checkout_root() / "jobs").rglob("*") if p.suffix in (".sbatch", ".sh"))
@@ -101,20 +99,6 @@ def test_the_rocm_profiling_job_stops_where_only_the_old_profilers_are(tmp_path)
     assert "course_python.sh" not in job.stdout  # srun never ran
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_cloud_recipe_joins_two_nodes_through_c10d_and_each_node_samples_its_devices(tiny_root, two_cloud_nodes):
-    summary = two_cloud_nodes(["--data-dir", str(tiny_root), "--device", "cpu", "--workers", "0", "--max-steps", "3",
-                               "--batch-size", "8", "--train-samples", "64", "--test-samples", "16",
-                               "--monitor", "cpu", "--monitor-interval", "0.05"])
-    assert summary["world_size"] == 2 and [r["steps"] for r in summary["per_rank"]] == [3, 3]
-    # Each "VM" is a node of its own (c10d numbered them), and each node's first process sampled it.
-    assert sorted(r["node_rank"] for r in summary["per_rank"]) == [0, 1]
-    nodes = summary["node_utilization"]
-    assert [node["node_rank"] for node in nodes] == [0, 1] and all(node["backend"] == "cpu" for node in nodes)
-    assert all(0 <= node["utilization_percent"] <= 100 for node in nodes)
-    run = RunFolder(summary["out"])
-    assert len(pd.read_csv(run.monitor)) > 0 and len(pd.read_csv(run.node_monitor(1))) > 0
 
 
 def test_cloud_recipe_without_head_names_it():

@@ -2,7 +2,8 @@
 learners do, on real gloo ranks: the notebook's own script changed as the solution changes it, a right
 answer written another way, the script left as it was, typical wrong edits, a typo that crashes the ranks
 right after a successful attempt, and a stale record. The scripts are the ones the notebooks' ``%%writefile``
-cells write; the checks are called as the exercise cells call them."""
+cells write; the checks are called as the exercise cells call them. 07's and 09's scripts as shipped are judged
+on the launch of test_every_process_ends, which runs them to their end."""
 
 from __future__ import annotations
 
@@ -80,10 +81,6 @@ def test_set_epoch_to_zero_is_a_right_answer_written_another_way(ddp_check):
     _done(ddp_check(_edited(DDP_SCRIPT, ("sampler.set_epoch(epoch)", "sampler.set_epoch(0)"))))
 
 
-def test_the_script_as_it_was_is_not_yet_and_says_the_script_that_ran_still_calls_set_epoch(ddp_check):
-    _not_yet(ddp_check(DDP_SCRIPT), "each epoch began with a new order", "still calls `sampler.set_epoch(epoch)`")
-
-
 def test_no_shuffle_with_set_epoch_kept_repeats_the_order_but_is_not_yet(ddp_check):
     _not_yet(ddp_check(_edited(DDP_SCRIPT, ("shuffle=True", "shuffle=False"))), "does not shuffle at all")
 
@@ -130,19 +127,15 @@ def test_only_the_first_block_alone_is_done_and_reruns_after_it_are_never_judged
     _not_yet(fsdp_check(_edited(FSDP_SCRIPT, FIRST_ALONE, NO_RECORD)),
              "wrote nothing")
     fsdp_check.record.write_text(stale)  # the right attempt's record, there again for the next rerun
+    # A bracket left open: Python refuses the script on every rank before it imports anything (07's typo fails
+    # later, once the ranks have joined their group).
     _not_yet(fsdp_check(_edited(FSDP_SCRIPT, FIRST_ALONE,
-                                ("fully_shard(block)", "fully_shard(blok)"))), CRASHED, "Nothing was judged")
+                                ("fully_shard(block)", "fully_shard(block"))), CRASHED, "Nothing was judged")
     assert not fsdp_check.record.exists()
 
 
 def test_the_first_block_named_another_way_is_done(fsdp_check):
     _done(fsdp_check(_edited(FSDP_SCRIPT, (BLOCKS, "blocks_to_shard = [model[0]]\n"))))
-
-
-def test_the_script_as_it_was_is_not_yet_without_telling_to_do_what_was_done(fsdp_check):
-    check = fsdp_check(FSDP_SCRIPT)
-    _not_yet(check, "every block is still a group of its own", "If you changed that line")
-    assert "Put only the first block" not in check.text
 
 
 @pytest.mark.parametrize("edits, said", [
@@ -184,7 +177,7 @@ def test_the_backward_all_reduce_taken_out_is_done_and_reruns_after_it_are_never
     _not_yet(tp_check(silent), "wrote nothing")
     for name, content in stale.items():  # the right attempt's files, there again for the next rerun
         (tp_check.results / name).write_bytes(content)
-    _not_yet(tp_check(_edited(TP_SCRIPT, ("dist.all_reduce(grad)", "dist.allreduce(grad)"))), CRASHED)
+    _not_yet(tp_check(_edited(TP_SCRIPT, ("dist.all_reduce(grad)", "dist.all_reduce(grad"))), CRASHED)  # as 09's
     assert not any(tp_check.results.iterdir()), "the earlier attempt's files must be gone before the launch"
 
 
@@ -192,8 +185,12 @@ def test_only_the_all_reduce_line_deleted_is_done(tp_check):
     _done(tp_check(_edited(TP_SCRIPT, ("        dist.all_reduce(grad)\n", ""))))
 
 
-def test_the_script_as_it_was_is_not_yet(tp_check):
+def test_the_script_as_it_was_is_not_yet_and_its_split_matches_the_whole_block(tp_check):
+    """The same launch holds the lesson's own reading (its cell after the script's): the shipped split matches."""
     _not_yet(tp_check(TP_SCRIPT), "every tensor still matches the whole block", "If you took that all-reduce out")
+    split = model_parallel.check_mlp_split(tp_check.results)
+    assert split["same"].all(), split
+    assert len(split) == 8  # two ranks' outputs and input gradients, four weights' gradients
 
 
 @pytest.mark.parametrize("edit, said", [

@@ -4,7 +4,6 @@ same step really holds (in this process, and on DDP and FSDP ranks of the traini
 import pytest
 import torch
 
-from course_utils.experiments.runs import run_ranks
 from course_utils.lessons import memory_forecast
 from course_utils.observe.memory import KINDS
 
@@ -74,10 +73,11 @@ def test_a_count_that_is_no_count_is_refused_by_name_not_divided_by(wrong, error
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_the_forecast_per_rank_is_what_the_training_commands_ranks_measured(tiny_root, tmp_path, mode):
-    summary = run_ranks(2, tmp_path / "run", distributed=mode, data_dir=str(tiny_root), train_samples=64,
-                        test_samples=32, max_steps=2, workers=0, device="cpu", **RUN).summary
-    predicted = memory_forecast.predict_step(ranks=2, distributed=mode, **RUN)
+def test_the_forecast_per_rank_is_what_the_training_commands_ranks_measured(mode, request):
+    """The session's DDP and FSDP runs of the training command (conftest.py), each rank's step as it measured it."""
+    summary = request.getfixturevalue(f"{mode}_run")[0].summary
+    predicted = memory_forecast.predict_step(ranks=2, distributed=mode, size="ci", model="small_cnn_gn",
+                                             batch_size=16)
     for rank in summary["per_rank"]:
         assert {kind: rank["step_memory_bytes"][kind] for kind in KINDS} == predicted
 

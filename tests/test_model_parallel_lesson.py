@@ -1,5 +1,6 @@
-"""Notebook 11's lesson: the learner's hand-split MLP and DTensor-split block, run from the notebook's own
-script cells on two gloo ranks, match the whole block; the bubble's check holds a formula to the schedule's
+"""Notebook 11's lesson: the learner's split training script trains what one rank trains (the hand-split MLP and
+the DTensor-split block are matched to the whole block by the launches of test_launched_checks and
+test_every_process_ends, which run the same shipped scripts); the bubble's check holds a formula to the schedule's
 exact count, and its exercise starts undone; the answers read noisy and contradictory measurements as such."""
 
 import json
@@ -22,33 +23,6 @@ NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "11_tensor_and_pipeline_
 
 def _script(name: str) -> str:
     return shipped_script(NOTEBOOK.name, name)
-
-
-def _run(tmp_path, name: str, text: str | None = None) -> Path:
-    script, results = tmp_path / name, tmp_path / f"{Path(name).stem}-results"
-    script.write_text(text or _script(name))
-    results.mkdir()
-    model_parallel.run_script(2, script, str(results), "cpu")
-    return results
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_the_hand_split_mlp_matches_the_whole_block(tmp_path):
-    """Its exercise, the backward all-reduce taken out, is fed to its check in test_launched_checks."""
-    check = model_parallel.check_mlp_split(_run(tmp_path, "tp_by_hand.py"))
-    assert check["same"].all(), check
-    assert len(check) == 8  # two ranks' outputs and input gradients, four weights' gradients
-
-
-@pytest.mark.oldest
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_the_dtensor_split_block_matches_the_whole_block(tmp_path):
-    check = model_parallel.check_block_split(_run(tmp_path, "tp_dtensor.py"), heads=4)
-    assert check["same"].all(), check
-    assert {"output", "input gradient", "attention_norm.weight gradient", "mlp.down.weight gradient"} <= set(
-        check["tensor"])
 
 
 SPLIT_FLAGS = ["--samples", "256", "--model", "vit_tiny", "--batch-size", "16", "--lr", "0.05", "--workers", "2",

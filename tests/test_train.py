@@ -1,6 +1,4 @@
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -110,17 +108,6 @@ def test_help_documents_every_flag():
         assert flag in text
     for action in build_parser()._actions:
         assert action.help, f"{action.option_strings} has no help text"
-
-
-@pytest.mark.slow
-def test_command_line_short_run(tiny_root, tmp_path):
-    """The command as job scripts start it, a process of its own: its exit code, its output, its run folder."""
-    result = subprocess.run([sys.executable, "-m", "course_utils.train", "--size", "ci", "--data-dir", str(tiny_root),
-                             "--max-steps", "4", "--batch-size", "16", "--train-samples", "64", "--test-samples", "32",
-                             "--workers", "0", "--out", str(tmp_path), "--no-progress"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "images/s" in result.stdout and RunFolder(tmp_path).summary.is_file()
 
 
 @pytest.mark.slow
