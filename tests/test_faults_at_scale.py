@@ -19,7 +19,7 @@ import sharded_runs
 import torch
 
 from course_utils import config
-from course_utils.parallel.launch import LaunchResult
+from course_utils.parallel.launch import LaunchResult, launch
 from course_utils.run_folder import RunFolder
 from course_utils.training import checkpoint, shard_files
 from course_utils.training.options import to_flags
@@ -63,13 +63,22 @@ STOPS = [("ddp", signal.SIGTERM, "the whole group"), ("fsdp", signal.SIGUSR1, "e
                                                                       for mode, stop, whom in STOPS])
 def test_a_stop_signal_with_loader_workers_checkpoints_and_resumes(tiny_root, tmp_path, distributed, stop, whom):
     """The loader workers leave the signal to their trainer, which agrees with the other ranks on a step,
-    checkpoints (its shards under FSDP) and marks the run; the next run resumes it."""
+    checkpoints (its shards under FSDP) and marks the run; the next run resumes it. Under FSDP a second run started
+    in the busy folder first stops on every rank before reading a checkpoint, and damages nothing of the first."""
     folder = RunFolder(tmp_path / "run")
+    # 200 epochs of 8 steps: far longer than any wait below, so the run is stopped by the signal and nothing else.
     options = dict(size="ci", data_dir=str(tiny_root), model="small_cnn_gn", train_samples=256, test_samples=64,
-                   batch_size=16, workers=2, log_every=1, device="cpu", progress=False, out=str(folder.path))
-    agent = _torchrun(2, to_flags(**options, distributed=distributed, max_steps=400, checkpoint_every=2,
-                                  input_delay_ms=20))
+                   batch_size=16, workers=2, log_every=1, device="cpu", progress=False, out=str(folder.path),
+                   epochs=200)
+    agent = _torchrun(2, to_flags(**options, distributed=distributed, checkpoint_every=2, input_delay_ms=20))
     _wait_for_checkpoint(agent, folder, "step-*")
+    if distributed == "fsdp":
+        second = launch(2, "course_utils.train", *to_flags(**options, distributed=distributed, resume="auto"),
+                        log_dir=tmp_path / "second-logs", echo=False, timeout_seconds=300)
+        errors = [line for line in second.lines if line.startswith("[default") and "error:" in line]
+        assert not second.ok and len(errors) == 2, "\n".join(second.lines[-30:])
+        assert all("is in use by the run of process" in line for line in errors), "\n".join(errors)
+        assert agent.poll() is None, "the first run ended before the second was refused"
     if whom == "the whole group":
         os.killpg(agent.pid, stop)
     else:
@@ -183,18 +192,3 @@ def test_a_damaged_shard_is_passed_over_for_the_newest_whole_checkpoint(fsdp_res
     assert _skipped(run, step, PASSED_OVER[damage]) in lines, lines[-3000:]
     assert "resuming from" in lines and "step-00000002.dcp: step 2" in lines
     assert RunFolder(run).read_summary()["steps"] == 5
-
-
-def test_a_second_sharded_run_in_a_busy_folder_stops_on_every_rank_before_reading_a_checkpoint(tiny_root, tmp_path):
-    folder = RunFolder(tmp_path / "run")
-    first = _torchrun(2, to_flags(**sharded_runs.options(tiny_root, folder.path, distributed="fsdp", epochs=50,
-                                                         max_steps=None, checkpoint_every=2, input_delay_ms=20)))
-    try:
-        _wait_for_checkpoint(first, folder, "step-*.dcp")
-        second = _launch(tiny_root, folder.path, epochs=50, max_steps=None, resume="auto")
-    finally:
-        os.killpg(first.pid, signal.SIGTERM)  # torchrun passes it on to its ranks, which run in sessions of their own
-        first.communicate(timeout=180)
-    errors = [line for line in second.lines if line.startswith("[default") and "error:" in line]
-    assert not second.ok and len(errors) == 2, "\n".join(second.lines[-30:])
-    assert all("is in use by the run of process" in line for line in errors), "\n".join(errors)
