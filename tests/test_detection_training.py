@@ -32,18 +32,15 @@ def test_a_short_cpu_run_moves_box_ap_above_zero_and_reports_seconds_per_iterati
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_two_ddp_ranks_train_a_detector_and_resume_it(tiny_coco, tmp_path):
-    out = tmp_path / "ddp"
-
-    def run(**extra):
-        result = launch(2, "course_utils.train", *to_flags(**_options(tiny_coco, out, distributed="ddp",
-                                                                      log_every=1, **extra)),
-                        log_dir=tmp_path / "logs", echo=False, timeout_seconds=300)
-        assert result.ok, "\n".join(result.lines[-30:])
-        return result
-
-    run(max_steps=2, checkpoint_every=1)
-    resumed = run(max_steps=4, resume="auto")
+def test_a_detector_trained_by_one_process_resumes_on_two_ddp_ranks(tiny_coco, tmp_path):
+    """Its checkpoint holds the whole model: two DDP ranks go on from it at the same global batch (4 images each
+    against the one process's 8), each training its share of the steps left."""
+    out = tmp_path / "run"
+    train(**_options(tiny_coco, out, batch_size=8, log_every=1, max_steps=2, checkpoint_every=1))
+    resumed = launch(2, "course_utils.train", *to_flags(**_options(tiny_coco, out, distributed="ddp", batch_size=4,
+                                                                   log_every=1, max_steps=4, resume="auto")),
+                     log_dir=tmp_path / "logs", echo=False, timeout_seconds=300)
+    assert resumed.ok, "\n".join(resumed.lines[-30:])
     assert "resuming from" in "\n".join(resumed.lines) and resumed.summary["steps"] == 4
     assert resumed.summary["world_size"] == 2 and resumed.summary["global_batch_size"] == 8
     assert list(resumed.per_rank["steps"]) == [4, 4] and resumed.summary["box_ap"] is not None
