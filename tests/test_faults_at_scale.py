@@ -66,10 +66,10 @@ def test_a_stop_signal_with_loader_workers_checkpoints_and_resumes(tiny_root, tm
     checkpoints (its shards under FSDP) and marks the run; the next run resumes it. Under FSDP a second run started
     in the busy folder first stops on every rank before reading a checkpoint, and damages nothing of the first."""
     folder = RunFolder(tmp_path / "run")
-    # 200 epochs of 8 steps: far longer than any wait below, so the run is stopped by the signal and nothing else.
+    # 1,000 epochs of 8 steps (minutes): far longer than any wait below, so only the signal stops the run.
     options = dict(size="ci", data_dir=str(tiny_root), model="small_cnn_gn", train_samples=256, test_samples=64,
                    batch_size=16, workers=2, log_every=1, device="cpu", progress=False, out=str(folder.path),
-                   epochs=200)
+                   epochs=1000)
     agent = _torchrun(2, to_flags(**options, distributed=distributed, checkpoint_every=2, input_delay_ms=20))
     _wait_for_checkpoint(agent, folder, "step-*")
     if distributed == "fsdp":
