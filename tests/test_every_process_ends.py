@@ -40,10 +40,9 @@ def _env(tmp_path: Path) -> dict[str, str]:
 # (name, ranks, options, exit code): each starts machinery of its own; the single-process ones run the course's
 # default --distributed none, the launched one DDP over gloo ranks (TensorBoard's writer runs in all of them);
 # FSDP's (with activation checkpointing) and tensor parallelism's launches, run to their end the same way, are
-# test_tensor_parallel.py's. The compile
-# modes are the two notebook 05 teaches (its torch.compile and CUDA
-# graphs stages), each with a cold cache; the single-process one compiles the small CNN, whose few kernels start
-# the same compile workers as resnet18's many (a quarter of the compile time).
+# test_tensor_parallel.py's. The compile modes are the two notebook 05 teaches (its torch.compile and CUDA graphs
+# stages), each with a cold cache; the single-process one compiles the small CNN, whose few kernels start the same
+# compile workers as resnet18's many (a quarter of the compile time).
 OPTIONS = [
     ("compile default", 1, dict(compile="default", channels_last=True, fused_optimizer=True, max_steps=None,
                                 epochs=2, model="small_cnn"), 0),
