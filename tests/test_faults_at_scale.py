@@ -73,12 +73,17 @@ def test_a_stop_signal_with_loader_workers_checkpoints_and_resumes(tiny_root, tm
     agent = _torchrun(2, to_flags(**options, distributed=distributed, checkpoint_every=2, input_delay_ms=20))
     _wait_for_checkpoint(agent, folder, "step-*")
     if distributed == "fsdp":
-        second = launch(2, "course_utils.train", *to_flags(**options, distributed=distributed, resume="auto"),
-                        log_dir=tmp_path / "second-logs", echo=False, timeout_seconds=300)
-        errors = [line for line in second.lines if line.startswith("[default") and "error:" in line]
-        assert not second.ok and len(errors) == 2, "\n".join(second.lines[-30:])
-        assert all("is in use by the run of process" in line for line in errors), "\n".join(errors)
-        assert agent.poll() is None, "the first run ended before the second was refused"
+        try:
+            second = launch(2, "course_utils.train", *to_flags(**options, distributed=distributed, resume="auto"),
+                            log_dir=tmp_path / "second-logs", echo=False, timeout_seconds=300)
+            errors = [line for line in second.lines if line.startswith("[default") and "error:" in line]
+            assert not second.ok and len(errors) == 2, "\n".join(second.lines[-30:])
+            assert all("is in use by the run of process" in line for line in errors), "\n".join(errors)
+            assert agent.poll() is None, "the first run ended before the second was refused"
+        except BaseException:  # the first run would train its 1,000 epochs on: end it and its ranks
+            os.killpg(agent.pid, signal.SIGTERM)  # torchrun passes it on to its ranks, in sessions of their own
+            agent.communicate(timeout=180)
+            raise
     if whom == "the whole group":
         os.killpg(agent.pid, stop)
     else:
